@@ -1,0 +1,67 @@
+# Entry points for users and CI. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ROOT := $(abspath .)
+VENV := $(ROOT)/.venv
+BIN := $(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export DDP_REPO_ROOT := $(ROOT)
+export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
+
+INVENTORY ?= inventory/local
+RESUME ?= auto
+ROLE ?=
+# Roles tested on systemd containers, in dependency order; VM-tier scenarios are run by `make vm-test`.
+CONTAINER_ROLES ?= $(notdir $(patsubst %/molecule/,%,$(dir $(wildcard ansible/roles/*/molecule/))))
+
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train bench-comm clean-test-hosts
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.installed ## Create .venv with the pinned toolchain (quick when already done)
+
+$(VENV)/.installed: requirements.txt constraints.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	touch $@
+
+lint: setup ## yamllint, ansible-lint (production profile), ruff
+	yamllint --strict .
+	ansible-lint --profile production
+	ruff check .
+	ruff format --check .
+
+unit: setup ## pytest on the controller (train/, helpers, inventory logic)
+	tests/run-pytest.sh tests/unit
+
+test-hosts: ## Docker engine up and systemd test-host images built (only when their recipe changed)
+	tests/host/ensure-docker.sh
+	molecule/images/build.sh debian12 debian13
+
+molecule: setup test-hosts ## Run every scenario of one role: make molecule ROLE=ssh_mesh
+	@test -n "$(ROLE)" || { echo "usage: make molecule ROLE=<role>  (roles: $(CONTAINER_ROLES))"; exit 2; }
+	@test -d ansible/roles/$(ROLE)/molecule || { echo "role '$(ROLE)' has no molecule scenarios"; exit 2; }
+	trap 'molecule/cleanup.sh' EXIT; \
+	  cd ansible/roles/$(ROLE) && molecule -c $(ROOT)/molecule/base.yml test --all
+
+molecule-all: setup test-hosts ## Run the scenarios of every role
+	@for role in $(CONTAINER_ROLES); do \
+	  echo "== molecule: $$role"; $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
+	done
+
+test: setup ## Everything CI runs: lint, unit, every role's molecule scenarios (each stage timed)
+	tests/stage.sh lint $(MAKE) --no-print-directory lint
+	tests/stage.sh unit $(MAKE) --no-print-directory unit
+	tests/stage.sh molecule $(MAKE) --no-print-directory molecule-all
+
+clean-test-hosts: ## Remove any test host or test network left behind
+	molecule/cleanup.sh
+
+train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
+	ansible-playbook ansible/playbooks/train.yml -i $(INVENTORY) -e train_resume=$(RESUME)
+
+bench-comm: setup ## Allreduce benchmark with 2 local processes
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py
