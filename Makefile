@@ -44,7 +44,7 @@ test-hosts: ## Docker engine up and systemd test-host images built (only when th
 molecule: setup test-hosts ## Run every scenario of one role: make molecule ROLE=ssh_mesh
 	@test -n "$(ROLE)" || { echo "usage: make molecule ROLE=<role>  (roles: $(CONTAINER_ROLES))"; exit 2; }
 	@test -d ansible/roles/$(ROLE)/molecule || { echo "role '$(ROLE)' has no molecule scenarios"; exit 2; }
-	trap 'molecule/cleanup.sh' EXIT; \
+	trap 'molecule/cleanup.sh $(ROLE)' EXIT; \
 	  cd ansible/roles/$(ROLE) && molecule -c $(ROOT)/molecule/base.yml test --all
 
 molecule-all: setup test-hosts ## Run the scenarios of every role

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Removes every test host and test network left by any scenario (after a failed or interrupted run).
+# Removes test hosts left by a failed or interrupted run: those of one role (molecule/cleanup.sh ROLE),
+# or all of them and the test network (no argument).
 set -uo pipefail
 label=ddp.testhost
-ids=$(docker ps -aq --filter "label=$label" 2>/dev/null)
-[ -n "$ids" ] && docker rm -f $ids >/dev/null && echo "removed test hosts: $(echo $ids | wc -w)"
-nets=$(docker network ls -q --filter "label=$label" 2>/dev/null)
-[ -n "$nets" ] && docker network rm $nets >/dev/null && echo "removed test networks"
+filter="label=$label"
+[ $# -gt 0 ] && filter="label=$label=$1"
+ids=$(docker ps -aq --filter "$filter" 2>/dev/null)
+if [ -n "$ids" ]; then
+  # shellcheck disable=SC2086  # one id per word
+  docker rm -f $ids >/dev/null && echo "removed $(echo $ids | wc -w) test host(s)"
+fi
+if [ $# -eq 0 ]; then
+  nets=$(docker network ls -q --filter "label=$label" 2>/dev/null)
+  # shellcheck disable=SC2086
+  [ -n "$nets" ] && docker network rm $nets >/dev/null && echo "removed the test network"
+fi
 exit 0
