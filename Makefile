@@ -6,7 +6,9 @@ SHELL := /bin/bash
 ROOT := $(abspath .)
 VENV := $(ROOT)/.venv
 BIN := $(VENV)/bin
+ifeq ($(findstring $(BIN):,$(PATH)),)
 export PATH := $(BIN):$(PATH)
+endif
 export DDP_REPO_ROOT := $(ROOT)
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 
@@ -61,7 +63,7 @@ clean-test-hosts: ## Remove any test host or test network left behind
 	molecule/cleanup.sh
 
 train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
-	ansible-playbook ansible/playbooks/train.yml -i $(INVENTORY) -e train_resume=$(RESUME)
+	$(BIN)/python ansible/run_training.py --inventory $(INVENTORY) --resume $(RESUME)
 
 bench-comm: setup ## Allreduce benchmark with 2 local processes
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Runs one node's part of a training job and reports on it; copied to every node by train.yml.
+
+    ddp_node.py launch --node-dir D --shared-dir S --node NAME -- COMMAND...
+        Runs COMMAND (torchrun or `docker run ... torchrun`) in its own process group, logging to D/node.log,
+        writing a heartbeat to S/heartbeat-NAME while it runs and its exit code to S/exit-NAME at the end.
+        Exits with COMMAND's exit code.
+    ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
+        Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
+        "failed") with the failed node's name, and the latest metrics line when FILE exists here.
+        Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
+        `until: rc != 0` waits exactly as long as the job runs.
+    ddp_node.py check-rendezvous --port P [--master-addr A --peers N] [--timeout S]
+        Run on every node at once before launch. On the master (no --master-addr): fails at once if the port
+        is taken, otherwise accepts N peer connections within the timeout. On a peer: connects to A:P,
+        retrying until the timeout. Proves the port is free and reachable through every firewall on the way.
+    ddp_node.py stop --node-dir D [--grace S] [--container NAME]
+        Stops this node's process group (SIGTERM, then SIGKILL after the grace period) and the container,
+        and reports whether anything of the run is left.
+
+Standard library only: nodes need nothing but the python3 that Ansible already uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HEARTBEAT_EVERY_S = 5.0
+
+
+def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> int:
+    node_dir.mkdir(parents=True, exist_ok=True)
+    shared_dir.mkdir(parents=True, exist_ok=True)
+    heartbeat = shared_dir / f"heartbeat-{node}"
+    (shared_dir / f"exit-{node}").unlink(missing_ok=True)
+    with (node_dir / "node.log").open("ab") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    (node_dir / "pgid").write_text(f"{child.pid}\n")
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            heartbeat.write_text(f"{time.time():.0f}\n")
+            done.wait(HEARTBEAT_EVERY_S)
+
+    threading.Thread(target=beat, daemon=True).start()
+    # A stop from Ansible (or the async timeout) reaches this process: pass it on to the job's group.
+    signal.signal(signal.SIGTERM, lambda *_: _signal_group(child.pid, signal.SIGTERM))
+    code = child.wait()
+    done.set()
+    (shared_dir / f"exit-{node}").write_text(f"{code}\n")
+    (node_dir / "exit").write_text(f"{code}\n")
+    return code
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _last_line(path: Path) -> dict[str, object] | None:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [line for line in f.read().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line still being written
+    return None
+
+
+def job_state(shared_dir: Path, nodes: list[str], stale_after_s: float, now: float) -> dict[str, object]:
+    """The whole job's state as seen from the shared run directory."""
+    exits = {node: _read_int(shared_dir / f"exit-{node}") for node in nodes}
+    failed = [node for node, code in exits.items() if code not in (None, 0)]
+    if failed:
+        return {"job": "failed", "failed_node": failed[0], "reason": f"exit code {exits[failed[0]]}"}
+    if all(code == 0 for code in exits.values()):
+        return {"job": "succeeded"}
+    for node in (n for n, code in exits.items() if code is None):
+        beat = _read_int(shared_dir / f"heartbeat-{node}")
+        if beat is not None and now - beat > stale_after_s:
+            return {"job": "failed", "failed_node": node, "reason": f"no heartbeat for {now - beat:.0f} s"}
+    return {"job": "running"}
+
+
+def poll(args: argparse.Namespace) -> int:
+    pgid = _read_int(args.node_dir / "pgid")
+    exit_code = _read_int(args.node_dir / "exit")
+    report: dict[str, object] = {
+        "node": args.node,
+        "node_state": "exited" if exit_code is not None else "running" if pgid else "not started",
+        "exit_code": exit_code,
+        **job_state(args.shared_dir, args.nodes.split(","), args.stale_after, time.time()),
+    }
+    if args.metrics:
+        report["metrics"] = _last_line(args.metrics)
+    print(json.dumps(report))
+    return 0 if report["job"] == "running" else 1
+
+
+def stop(args: argparse.Namespace) -> int:
+    pgid = _read_int(args.node_dir / "pgid")
+    if args.container:
+        subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
+    stopped = False
+    if pgid and _group_alive(pgid):
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + args.grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            time.sleep(0.5)
+        stopped = True
+    left = bool(pgid and _group_alive(pgid))
+    print(json.dumps({"stopped": stopped, "left_running": left}))
+    return 1 if left else 0
+
+
+def check_rendezvous(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.timeout
+    if args.master_addr is None:
+        try:
+            server = socket.create_server(("", args.port), reuse_port=False)
+        except OSError as error:
+            print(f"rendezvous port {args.port} is not free on the master: {error}", file=sys.stderr)
+            return 1
+        with server:
+            for seen in range(args.peers):
+                server.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    server.accept()[0].close()
+                except TimeoutError:
+                    print(f"only {seen} of {args.peers} peers reached port {args.port}", file=sys.stderr)
+                    return 1
+        return 0
+    error: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((args.master_addr, args.port), timeout=2).close()
+        except OSError as err:
+            error = err
+            time.sleep(0.5)
+        else:
+            return 0
+    where = f"{args.master_addr}:{args.port}"
+    print(f"cannot reach the master's rendezvous port {where}: {error}", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    for name in ("launch", "poll", "stop"):
+        p = sub.add_parser(name)
+        p.add_argument("--node-dir", type=Path, required=True)
+        if name != "stop":
+            p.add_argument("--shared-dir", type=Path, required=True)
+            p.add_argument("--node", required=True)
+    sub.choices["launch"].add_argument("command", nargs=argparse.REMAINDER)
+    sub.choices["poll"].add_argument("--nodes", required=True)
+    sub.choices["poll"].add_argument("--metrics", type=Path)
+    sub.choices["poll"].add_argument("--stale-after", type=float, default=30.0)
+    sub.choices["stop"].add_argument("--grace", type=float, default=15.0)
+    check = sub.add_parser("check-rendezvous")
+    check.add_argument("--port", type=int, required=True)
+    check.add_argument("--master-addr")
+    check.add_argument("--peers", type=int, default=0)
+    check.add_argument("--timeout", type=float, default=20.0)
+    sub.choices["stop"].add_argument("--container")
+    args = parser.parse_args(argv)
+    if args.action == "launch":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("launch needs a command after --")
+        return launch(args.node_dir, args.shared_dir, args.node, command)
+    actions = {"poll": poll, "stop": stop, "check-rendezvous": check_rendezvous}
+    return actions[args.action](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""`make train`: runs ansible/playbooks/train.yml through ansible-runner and shows the job, not the play.
+
+    python ansible/run_training.py [--inventory inventory/local] [--resume auto|never] [-e KEY=VALUE ...]
+
+Prints one line per stage, a progress line from rank 0's metrics at every poll, the failing node's log tail
+when the run fails, and the closing summary. The full Ansible output is kept in
+artifacts/<run_id>/ansible.log. Exits with the playbook's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
+POLL_TASK = "Wait for the job"
+SUMMARY_TASK = "Summarise the run"
+# The tasks worth a line of their own: the run's stages, in the order they happen.
+MILESTONES = {
+    "Check the training group and its master": "checking the inventory",
+    "Check train_nproc_per_node on each host": "preflight on every node",
+    "Check the rendezvous port is free on the master and reachable from every node": "rendezvous check",
+    "Start torchrun on every node": "starting torchrun on every node",
+    "Stop whatever is left of the run on this node": "stopping the run everywhere",
+    "Make the artifacts directory on the controller": "collecting checkpoints, metrics and logs",
+}
+
+
+def progress_line(host: str, report: dict[str, Any]) -> str | None:
+    metrics = report.get("metrics") or {}
+    if not metrics:
+        return f"  [{host}] {report.get('job', '?')}: waiting for the first step"
+    fields = [f"step {metrics.get('step', '?')}"]
+    for key, label, fmt in (
+        ("epoch", "epoch", "{}"),
+        ("loss", "loss", "{:.4f}"),
+        ("samples_per_s", "samples/s", "{:.1f}"),
+    ):
+        if isinstance(metrics.get(key), int | float):
+            fields.append(f"{label} {fmt.format(metrics[key])}")
+    return f"  [{host}] " + ", ".join(fields)
+
+
+class Printer:
+    """Turns runner events into a short account of the run."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        data = event.get("event_data", {})
+        kind = event.get("event", "")
+        task = data.get("task", "")
+        result = data.get("res", {})
+        if kind == "playbook_on_task_start" and task in MILESTONES:
+            print(f"- {MILESTONES[task]}", flush=True)
+        elif kind in ("runner_retry", "runner_on_ok") and task.startswith(POLL_TASK):
+            self._progress(data.get("host", "?"), result)
+        elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
+            self.run_id = result["ansible_facts"]["train_run_id"]
+        elif kind == "runner_on_ok" and task.startswith(SUMMARY_TASK):
+            for line in result.get("msg", []):
+                print(f"  {line}", flush=True)
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            print(f"  FAILED [{data.get('host')}] {result.get('msg', '')}", file=sys.stderr, flush=True)
+        elif kind == "runner_on_unreachable":
+            print(f"  UNREACHABLE [{data.get('host')}] {result.get('msg', '')}", file=sys.stderr, flush=True)
+        return True
+
+    @staticmethod
+    def _progress(host: str, result: dict[str, Any]) -> None:
+        try:
+            report = json.loads(result.get("stdout", ""))
+        except json.JSONDecodeError:
+            return
+        if "metrics" in report:
+            line = progress_line(host, report)
+            if line:
+                print(line, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--inventory", default="inventory/local", help="inventory directory or file")
+    parser.add_argument("--resume", default="auto", help="auto (newest valid checkpoint), never, or a path")
+    parser.add_argument(
+        "-e",
+        "--extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra variable for the playbook (repeatable)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    extravars: dict[str, Any] = {"train_resume": args.resume}
+    for item in args.extra:
+        key, _, value = item.partition("=")
+        extravars[key] = value
+    printer = Printer()
+    with tempfile.TemporaryDirectory(prefix="ddp-runner-") as private_dir:
+        run = ansible_runner.run(
+            private_data_dir=private_dir,
+            project_dir=str(ROOT),
+            playbook=str(PLAYBOOK),
+            inventory=str((ROOT / args.inventory).resolve()),
+            extravars=extravars,
+            # ansible-playbook is the one installed beside this interpreter (the project's .venv).
+            envvars={
+                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            },
+            quiet=True,
+            event_handler=printer,
+        )
+        log = Path(private_dir) / "artifacts" / run.config.ident / "stdout"
+        if printer.run_id and log.exists():
+            destination = ROOT / "artifacts" / printer.run_id / "ansible.log"
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, destination)
+            print(f"  full Ansible output: {destination.relative_to(ROOT)}")
+    print(f"training {'finished' if run.rc == 0 else 'FAILED'} (status {run.status}, exit {run.rc})")
+    return run.rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
