@@ -89,9 +89,7 @@ class Printer:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inventory", default="inventory/local", help="inventory directory or file")
     parser.add_argument("--resume", default="auto", help="auto (newest valid checkpoint), never, or a path")
     parser.add_argument(
