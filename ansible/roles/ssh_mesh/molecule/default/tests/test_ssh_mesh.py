@@ -46,9 +46,7 @@ def test_cluster_key_refused_from_outside_the_cluster_cidr(host):
 
 
 def test_one_cluster_key_everywhere(host):
-    fingerprints = {
-        node(name).check_output(f"ssh-keygen -lf ~{CLUSTER_USER}/.ssh/id_ed25519.pub") for name in NODES
-    }
+    fingerprints = {node(name).check_output(f"ssh-keygen -lf ~{CLUSTER_USER}/.ssh/id_ed25519.pub") for name in NODES}
     assert len(fingerprints) == 1, fingerprints
 
 
