@@ -1,0 +1,105 @@
+"""Default drop on node0, seen from its peer node1 and from the controller, with real connections."""
+
+import subprocess
+
+import pytest
+from fwprobe import (
+    LAST_GOOD,
+    RULES_FILE,
+    TABLE,
+    address,
+    listening,
+    node,
+    reachable_from,
+    reachable_from_controller,
+    table_listing,
+    wait_booted,
+)
+
+PROTECTED, PEER = "fw-d12-node0", "fw-d12-node1"
+RENDEZVOUS, NFS, SSH = 29500, 2049, 22
+IN_RANGE, ABOVE_RANGE, OTHER = 50500, 52500, 8080
+ALLOWED = (SSH, RENDEZVOUS, IN_RANGE, NFS)
+NOT_ALLOWED = (OTHER, ABOVE_RANGE)
+LISTENERS = (RENDEZVOUS, IN_RANGE, NFS, OTHER, ABOVE_RANGE)
+
+
+@pytest.fixture(scope="module")
+def protected():
+    with listening(PROTECTED, LISTENERS):
+        yield address(PROTECTED)
+
+
+def test_peer_reaches_the_cluster_ports(protected):
+    assert reachable_from(PEER, protected, ALLOWED) == dict.fromkeys(ALLOWED, True)
+
+
+def test_peer_cannot_reach_any_other_port(protected):
+    # The listeners answer on loopback (the fixture checked), so only the firewall can stop these.
+    assert reachable_from(PEER, protected, NOT_ALLOWED) == dict.fromkeys(NOT_ALLOWED, False)
+
+
+def test_controller_outside_the_cluster_gets_ssh_only(protected):
+    # The controller is in admin_cidrs but not in cluster_cidrs.
+    ports = (SSH, RENDEZVOUS, IN_RANGE, NFS, OTHER)
+    assert reachable_from_controller(protected, ports) == {p: p == SSH for p in ports}
+
+
+def test_nfs_is_open_on_the_nfs_server_only():
+    with listening(PEER, (NFS, RENDEZVOUS)):
+        assert reachable_from(PROTECTED, address(PEER), (NFS, RENDEZVOUS)) == {NFS: False, RENDEZVOUS: True}
+
+
+@pytest.mark.parametrize("name", [PROTECTED, PEER])
+def test_kernel_hands_out_data_ports_from_the_open_range(name):
+    # NCCL and gloo bind to port 0; whatever the kernel picks must be inside the opened range.
+    picked = node(name).check_output(
+        "python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])'"
+    )
+    assert 50000 <= int(picked) <= 51999
+    assert node(name).file("/etc/sysctl.d/60-ddp-firewall.conf").contains("^net.ipv4.ip_local_port_range")
+
+
+@pytest.mark.parametrize("name", [PROTECTED, PEER])
+def test_rules_of_others_survive_converge_and_rerun(name):
+    assert 'comment "rule of someone else"' in node(name).check_output("nft list table ip other")
+    # Docker's own rules for the container's DNS (iptables-nft), there from the start.
+    assert "DOCKER_OUTPUT" in node(name).check_output("nft list table ip nat")
+
+
+def test_unit_reloads_the_table_after_it_is_lost(protected):
+    host = node(PROTECTED)
+    assert host.service("ddp-firewall").is_enabled
+    host.run_expect([0], f"nft delete table {TABLE}")
+    assert reachable_from(PEER, protected, (OTHER,)) == {OTHER: True}
+    host.run_expect([0], "systemctl restart ddp-firewall")
+    assert reachable_from(PEER, protected, (RENDEZVOUS, OTHER)) == {RENDEZVOUS: True, OTHER: False}
+    assert 'comment "rule of someone else"' in host.check_output("nft list table ip other")
+
+
+def test_rollback_unit_restores_the_last_confirmed_ruleset(protected):
+    # What the rollback timer runs when the controller does not confirm: here after a ruleset that shuts
+    # out the peer has been loaded behind the role's back.
+    host = node(PROTECTED)
+    confirmed = table_listing(PROTECTED)
+    host.run_expect([0], f"sed -i 's/{RENDEZVOUS}/{RENDEZVOUS + 1}/g' {RULES_FILE}")
+    host.run_expect([0], "systemctl reload ddp-firewall")
+    assert reachable_from(PEER, protected, (RENDEZVOUS,)) == {RENDEZVOUS: False}
+    host.run_expect([0], "systemctl start ddp-firewall-rollback.service")
+    assert reachable_from(PEER, protected, (RENDEZVOUS,)) == {RENDEZVOUS: True}
+    assert table_listing(PROTECTED) == confirmed
+    assert host.file(RULES_FILE).content_string == host.file(LAST_GOOD).content_string
+
+
+def test_rollback_timer_is_disarmed_after_a_confirmed_run():
+    assert not node(PROTECTED).service("ddp-firewall-rollback.timer").is_running
+
+
+def test_rules_come_back_after_a_reboot():
+    # Restarting the container gives it a fresh network namespace with an empty ruleset, as a reboot does.
+    node(PROTECTED).run_expect([0], "nft list table ip other")
+    subprocess.run(["docker", "restart", PROTECTED], check=True, capture_output=True)
+    wait_booted(PROTECTED)
+    assert node(PROTECTED).run("nft list table ip other").rc != 0, "the restart did not empty the ruleset"
+    with listening(PROTECTED, (RENDEZVOUS, OTHER)):
+        assert reachable_from(PEER, address(PROTECTED), (RENDEZVOUS, OTHER)) == {RENDEZVOUS: True, OTHER: False}
