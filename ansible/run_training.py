@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             # ansible-playbook is the one installed beside this interpreter (the project's .venv).
             envvars={
                 "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+                "ANSIBLE_NOCOLOR": "1",
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             },
             quiet=True,
