@@ -50,6 +50,22 @@ CASES = {
     ),
     "rendezvous port out of range": (GOOD_GROUPS, {"rendezvous_port": 70000}, "rendezvous_port=70000"),
     "unknown runtime": (GOOD_GROUPS, {"train_runtime": "kubernetes"}, "train_runtime"),
+    "rendezvous port is the SSH port": (GOOD_GROUPS, {"rendezvous_port": 22}, "rendezvous_port=22 clashes with ssh"),
+    "rendezvous port inside the pinned ephemeral range": (
+        GOOD_GROUPS,
+        {
+            "rendezvous_port": 50500,
+            "firewall_data_ports_mode": "ephemeral_range",
+            "firewall_data_port_range_start": 50000,
+            "firewall_data_port_range_end": 51999,
+        },
+        "clashes with the ephemeral port range 50000-51999",
+    ),
+    "NCCL_SOCKET_IFNAME names an interface the node lacks": (
+        GOOD_GROUPS,
+        {"train_env": {"NCCL_SOCKET_IFNAME": "ib9"}},
+        "NCCL_SOCKET_IFNAME=ib9 in train_env on host localhost: no such interface",
+    ),
 }
 
 
