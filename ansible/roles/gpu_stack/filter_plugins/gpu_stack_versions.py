@@ -55,6 +55,9 @@ def gpu_stack_compare(rows: list[dict[str, Any]], columns: list[dict[str, str]])
 
 
 def _table(rows: list[dict[str, Any]], shown: list[dict[str, str]], references: dict[str, str]) -> str:
+    if not shown:
+        nodes = ", ".join(row["node"] for row in rows)
+        return f"Nothing to compare on {nodes}: no node is expected to have a driver, CUDA or NCCL with a version set."
     header = ["node", *(c["title"] for c in shown)]
     body = []
     for row in rows:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a stand-in for one of NVIDIA's CUDA repositories: build-standin-repo.sh DIR NAME=VERSION...
 # DIR gets empty packages of those names and versions, Packages, Release, an InRelease signed by a key made here,
-# and that key as 3bf863cc.pub, the way NVIDIA lays out .../<distro>/<arch>/. Prints the key's fingerprint.
+# and that key as 3bf863cc.pub, the way NVIDIA lays out .../<distro>/<arch>/.
 set -euo pipefail
 dir=$1; shift
 work=$(mktemp -d)
@@ -20,5 +20,4 @@ cd "$dir"
 apt-ftparchive packages . > Packages
 apt-ftparchive release . > Release
 gpg --batch --clearsign --output InRelease Release
-gpg --batch --with-colons --list-keys | awk -F: '$1 == "fpr" { print $10; exit }'
 rm -rf "$work"
