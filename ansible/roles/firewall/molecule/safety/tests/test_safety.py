@@ -71,6 +71,7 @@ BAD_INPUTS = {
     "port above 65535": ({"rendezvous_port": 70000}, "'firewall_rendezvous_port': 70000"),
     "port not a number": ({"firewall_nfs_port": "nfs"}, "firewall_nfs_port"),
     "range upside down": ({"firewall_data_port_range_start": 52000}, "must not be above"),
+    "rendezvous port in the range": ({"rendezvous_port": 50001}, "inside: {'firewall_rendezvous_port': 50001}"),
     "malformed CIDR": ({"admin_cidrs": ["172.30.213.1/33"]}, "'172.30.213.1/33'"),
     "host bits set": ({"cluster_cidrs": ["10.0.0.1/24"]}, "has host bits set"),
     "bad mode": ({"firewall_data_ports_mode": "everything"}, "firewall_data_ports_mode must be one of"),
