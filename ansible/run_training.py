@@ -27,6 +27,9 @@ SUMMARY_TASK = "Summarise the run"
 # The tasks worth a line of their own: the run's stages, in the order they happen.
 MILESTONES = {
     "Check the training group and its master": "checking the inventory",
+    "Compare the GPU stack versions (and torch's view inside the image with the docker runtime)": (
+        "checking driver, CUDA and NCCL versions agree"
+    ),
     "Check train_nproc_per_node on each host": "preflight on every node",
     "Check the rendezvous port is free on the master and reachable from every node": "rendezvous check",
     "Start torchrun on every node": "starting torchrun on every node",
