@@ -46,7 +46,7 @@ test-hosts: ## Docker engine up and systemd test-host images built (only when th
 molecule: setup test-hosts ## Run every scenario of one role: make molecule ROLE=ssh_mesh
 	@test -n "$(ROLE)" || { echo "usage: make molecule ROLE=<role>  (roles: $(CONTAINER_ROLES))"; exit 2; }
 	@test -d ansible/roles/$(ROLE)/molecule || { echo "role '$(ROLE)' has no molecule scenarios"; exit 2; }
-	trap 'molecule/cleanup.sh $(ROLE)' EXIT; \
+	trap '$(ROOT)/molecule/cleanup.sh $(ROLE)' EXIT; \
 	  cd ansible/roles/$(ROLE) && molecule -c $(ROOT)/molecule/base.yml test --all
 
 molecule-all: setup test-hosts ## Run the scenarios of every role
@@ -58,6 +58,7 @@ test: setup ## Everything CI runs: lint, unit, every role's molecule scenarios (
 	tests/stage.sh lint $(MAKE) --no-print-directory lint
 	tests/stage.sh unit $(MAKE) --no-print-directory unit
 	tests/stage.sh molecule $(MAKE) --no-print-directory molecule-all
+	molecule/cleanup.sh
 
 clean-test-hosts: ## Remove any test host or test network left behind
 	molecule/cleanup.sh
@@ -67,3 +68,20 @@ train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
 
 bench-comm: setup ## Allreduce benchmark with 2 local processes
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py
+
+# --- VM tier (nfs) ---
+# QEMU VMs with the Debian 12 distribution kernel, for what containers cannot do (kernel NFS). The VM
+# scenario also runs in `make molecule ROLE=nfs_client` (and molecule-all); these targets run the tier alone.
+.PHONY: vm-images vm-test vm-clean
+
+vm-images: ## QEMU installed when absent, the Debian 12 VM image built (only when its recipe changed)
+	molecule/vm/ensure-qemu.sh
+	molecule/vm/image.sh >/dev/null
+
+vm-test: setup vm-images ## The VM-tier scenarios: kernel NFS server and client on two QEMU VMs
+	trap 'molecule/vm/vmctl.sh down-all nfs_client-' EXIT; \
+	  cd ansible/roles/nfs_client && molecule -c $(ROOT)/molecule/base.yml test --all
+
+vm-clean: ## Stop every VM a killed run left behind and remove its overlays
+	molecule/vm/vmctl.sh down-all
+# --- VM tier (nfs) ---

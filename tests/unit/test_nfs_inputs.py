@@ -1,0 +1,191 @@
+"""The NFS roles' input checks (tasks/validate.yml) accept the cluster's settings and refuse exports open to
+everyone, malformed CIDRs and options, and bad mount settings. They run on the controller only: the checks
+are asserts, so no module touches this machine."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CASE_TASKS = """
+- name: Try one case
+  block:
+    # Every case file sets every checked variable, so no case inherits another's settings.
+    - name: Load the case's settings
+      ansible.builtin.include_vars:
+        file: "{{ case_dir }}/{{ case }}.yml"
+    - name: Run the role's input checks
+      ansible.builtin.include_role:
+        name: "{{ role }}"
+        tasks_from: validate.yml
+    - name: Record success
+      ansible.builtin.set_fact:
+        outcomes: "{{ outcomes | combine({case: 'ok'}) }}"
+  rescue:
+    - name: Record the refusal
+      ansible.builtin.set_fact:
+        outcomes: "{{ outcomes | combine({case: refusal}) }}"
+      vars:
+        # A looped assert reports per item.
+        refusal: >-
+          {{ (ansible_failed_result.results | default([]) | selectattr('failed', 'defined') | selectattr('failed')
+              | map(attribute='msg') | join(' ')) or ansible_failed_result.msg }}
+"""
+
+PLAYBOOK = """
+- name: Input checks
+  hosts: localhost
+  gather_facts: false
+  vars:
+    outcomes: {}
+  tasks:
+    - name: Each case
+      ansible.builtin.include_tasks: case.yml
+      loop: "{{ cases }}"
+      loop_control:
+        loop_var: case
+    - name: Write the outcomes
+      ansible.builtin.copy:
+        content: "{{ outcomes | to_json }}"
+        dest: "{{ out }}"
+        mode: "0600"
+"""
+
+
+def ansible_playbook() -> str:
+    """The ansible-playbook beside this Python (the venv), else the one on PATH."""
+    found = shutil.which(
+        "ansible-playbook", path=os.pathsep.join((str(Path(sys.executable).parent), os.environ["PATH"]))
+    )
+    assert found, "ansible-playbook not found"
+    return found
+
+
+def run_cases(tmp_path: Path, role: str, baseline: dict, cases: dict[str, dict]) -> dict[str, str]:
+    """Runs every case through the role's checks in one ansible-playbook run; returns 'ok' or the refusal."""
+    (tmp_path / "case.yml").write_text(CASE_TASKS)
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    for name, settings in cases.items():
+        (tmp_path / f"{name}.yml").write_text(yaml.safe_dump({**baseline, **settings}))
+    out = tmp_path / "out.json"
+    extra = {"role": role, "out": str(out), "case_dir": str(tmp_path), "cases": list(cases)}
+    (tmp_path / "extra.yml").write_text(yaml.safe_dump(extra))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(ROOT / "ansible/roles"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    command = [
+        ansible_playbook(),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-e",
+        f"@{tmp_path / 'extra.yml'}",
+        "-e",
+        "ansible_python_interpreter=" + sys.executable,
+        str(tmp_path / "play.yml"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text())
+
+
+CIDRS = ["10.213.50.0/24"]
+SERVER_BASELINE = {
+    "nfs_server_allowed_cidrs": CIDRS,
+    "nfs_server_exports": [{"path": "/data"}],
+    "nfs_server_export_options": ["rw", "sync", "root_squash", "no_subtree_check"],
+    "nfs_server_dir_mode": "0755",
+}
+CLIENT_BASELINE = {
+    "nfs_client_server": "10.213.50.10",
+    "nfs_client_export": "/data",
+    "nfs_client_mount_point": "/data",
+    "nfs_client_nconnect": 4,
+    "nfs_client_extra_options": [],
+}
+SERVER_CASES = {
+    "cluster": {"nfs_server_allowed_cidrs": CIDRS},
+    "two_networks": {"nfs_server_allowed_cidrs": ["10.0.0.0/8", "192.168.1.0/24"]},
+    "star": {"nfs_server_allowed_cidrs": ["*"]},
+    "star_in_export": {
+        "nfs_server_allowed_cidrs": CIDRS,
+        "nfs_server_exports": [{"path": "/data", "cidrs": ["10.0.0.0/8", "*"]}],
+    },
+    "no_client": {"nfs_server_allowed_cidrs": []},
+    "everyone": {"nfs_server_allowed_cidrs": ["0.0.0.0/0"]},
+    "prefix_33": {"nfs_server_allowed_cidrs": ["10.213.50.0/33"]},
+    "octet_256": {"nfs_server_allowed_cidrs": ["10.256.50.0/24"]},
+    "no_prefix": {"nfs_server_allowed_cidrs": ["10.213.50.0"]},
+    "hostname": {"nfs_server_allowed_cidrs": ["node1.example/24"]},
+    "option_injection": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_export_options": ["rw) *(rw"]},
+    "relative_path": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_exports": [{"path": "data"}]},
+    "bad_mode": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_dir_mode": "rwx"},
+}
+CLIENT_CASES = {
+    "cluster": {"nfs_client_server": "10.213.50.10", "nfs_client_export": "/data"},
+    "by_name": {"nfs_client_server": "node0", "nfs_client_export": "/data"},
+    "no_server": {"nfs_client_server": "", "nfs_client_export": "/data"},
+    "relative_export": {"nfs_client_server": "node0", "nfs_client_export": "data"},
+    "root_mount_point": {"nfs_client_server": "node0", "nfs_client_export": "/data", "nfs_client_mount_point": "/"},
+    "nconnect_32": {"nfs_client_server": "node0", "nfs_client_export": "/data", "nfs_client_nconnect": 32},
+    "option_with_comma": {
+        "nfs_client_server": "node0",
+        "nfs_client_export": "/data",
+        "nfs_client_extra_options": ["noatime,nolock"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def server_outcomes(tmp_path_factory):
+    return run_cases(tmp_path_factory.mktemp("nfs_server"), "nfs_server", SERVER_BASELINE, SERVER_CASES)
+
+
+@pytest.fixture(scope="module")
+def client_outcomes(tmp_path_factory):
+    return run_cases(tmp_path_factory.mktemp("nfs_client"), "nfs_client", CLIENT_BASELINE, CLIENT_CASES)
+
+
+@pytest.mark.parametrize("case", ["cluster", "two_networks"])
+def test_server_accepts_cluster_cidrs(server_outcomes, case):
+    assert server_outcomes[case] == "ok"
+
+
+@pytest.mark.parametrize("case", ["star", "star_in_export", "no_client"])
+def test_server_refuses_exports_open_to_everyone(server_outcomes, case):
+    assert "never `*`" in server_outcomes[case]
+
+
+@pytest.mark.parametrize("case", ["everyone", "prefix_33", "octet_256", "no_prefix", "hostname"])
+def test_server_refuses_malformed_cidrs(server_outcomes, case):
+    assert "IPv4 CIDRs with a prefix of 1-32" in server_outcomes[case]
+    assert SERVER_CASES[case]["nfs_server_allowed_cidrs"][0] in server_outcomes[case]
+
+
+@pytest.mark.parametrize("case", ["option_injection", "relative_path", "bad_mode"])
+def test_server_refuses_bad_paths_options_and_modes(server_outcomes, case):
+    assert server_outcomes[case] != "ok"
+    assert server_outcomes[case].startswith("nfs_server:")
+
+
+@pytest.mark.parametrize("case", ["cluster", "by_name"])
+def test_client_accepts_a_server_and_export(client_outcomes, case):
+    assert client_outcomes[case] == "ok"
+
+
+@pytest.mark.parametrize(
+    "case", ["no_server", "relative_export", "root_mount_point", "nconnect_32", "option_with_comma"]
+)
+def test_client_refuses_bad_mount_settings(client_outcomes, case):
+    assert client_outcomes[case].startswith("nfs_client:")
