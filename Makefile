@@ -79,7 +79,7 @@ vm-images: ## QEMU installed when absent, the Debian 12 VM image built (only whe
 	molecule/vm/image.sh >/dev/null
 
 vm-test: setup vm-images ## The VM-tier scenarios: kernel NFS server and client on two QEMU VMs
-	trap 'molecule/vm/vmctl.sh down-all nfs_client-' EXIT; \
+	trap '$(ROOT)/molecule/vm/vmctl.sh down-all nfs_client-' EXIT; \
 	  cd ansible/roles/nfs_client && molecule -c $(ROOT)/molecule/base.yml test --all
 
 vm-clean: ## Stop every VM a killed run left behind and remove its overlays
