@@ -110,5 +110,12 @@ rm -rf "$rootfs"
 rm -rf "$image_dir"
 mv "$work" "$image_dir"
 trap - EXIT
+# Older recipes' images go once no VM set could still be using one as its base (~0.8 GB each).
+if ! compgen -G "$cache/run/*/" >/dev/null; then
+  for old in "$cache"/images/debian12-*/; do
+    old=${old%/}
+    [ "$old" = "$image_dir" ] || rm -rf "$old" "$cache/images/.lock-${old##*-}"
+  done
+fi
 echo "built $image_dir in $((SECONDS - start)) s" >&2
 echo "$image_dir"

@@ -16,7 +16,8 @@
 #
 # State of a set: .cache/vm/run/SET/ (instances.json lists name, port, address, identity_file, known_hosts).
 # Environment: DDP_VM_MEMORY (MiB, 1024), DDP_VM_CPUS (1), DDP_VM_ACCEL (kvm|tcg, skips detection),
-#   DDP_VM_SUBNET (10.213.50: VMs without =ADDRESS get .10, .11, ...), DDP_VM_BOOT_TIMEOUT (s, 300).
+#   DDP_VM_CPU (QEMU -cpu; max under TCG, host under KVM), DDP_VM_SUBNET (10.213.50: VMs without =ADDRESS
+#   get .10, .11, ...), DDP_VM_BOOT_TIMEOUT (s, 300); image.sh's DDP_VM_EXTRA_PACKAGES and DDP_VM_DISK_SIZE.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -139,6 +140,8 @@ up() {
   local dir image accel_kind cpu group_port index=0 spec name address vm port started=$SECONDS
   dir=$(set_dir "$set")
   down "$set"
+  # Interrupted while booting: leave nothing running.
+  trap 'down "$set"; exit 130' INT TERM
   "$here/ensure-qemu.sh"
   image=$("$here/image.sh")
   accel_kind=$(accel)
@@ -217,6 +220,7 @@ instances = [
 ]
 (state / "instances.json").write_text(json.dumps(instances, indent=2) + "\n")
 PY
+  trap - INT TERM
   log "${names[*]} answer on SSH after $((SECONDS - started)) s; state in $dir"
 }
 
