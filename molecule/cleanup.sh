@@ -10,6 +10,10 @@ if [ -n "$ids" ]; then
   # shellcheck disable=SC2086  # one id per word
   docker rm -f $ids >/dev/null && echo "removed $(echo $ids | wc -w) test host(s)"
 fi
+# A role's VM sets (the VM tier names them <role>-<scenario>).
+if [ $# -gt 0 ] && [ -x "$(dirname "$0")/vm/vmctl.sh" ]; then
+  "$(dirname "$0")/vm/vmctl.sh" down-all "$1-" >/dev/null 2>&1 || true
+fi
 if [ $# -eq 0 ]; then
   nets=$(docker network ls -q --filter "label=$label" 2>/dev/null)
   # shellcheck disable=SC2086
