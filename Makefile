@@ -15,8 +15,9 @@ export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 INVENTORY ?= inventory/local
 RESUME ?= auto
 ROLE ?=
-# Roles tested on systemd containers, in dependency order; VM-tier scenarios are run by `make vm-test`.
-CONTAINER_ROLES ?= $(notdir $(patsubst %/molecule/,%,$(dir $(wildcard ansible/roles/*/molecule/))))
+# Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
+# covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
+MOLECULE_ROLES ?= ssh_mesh firewall nfs_client gpu_stack train
 
 .PHONY: help setup lint unit molecule molecule-all test-hosts test train bench-comm clean-test-hosts
 
@@ -44,13 +45,13 @@ test-hosts: ## Docker engine up and systemd test-host images built (only when th
 	molecule/images/build.sh debian12 debian13
 
 molecule: setup test-hosts ## Run every scenario of one role: make molecule ROLE=ssh_mesh
-	@test -n "$(ROLE)" || { echo "usage: make molecule ROLE=<role>  (roles: $(CONTAINER_ROLES))"; exit 2; }
+	@test -n "$(ROLE)" || { echo "usage: make molecule ROLE=<role>  (roles: $(MOLECULE_ROLES))"; exit 2; }
 	@test -d ansible/roles/$(ROLE)/molecule || { echo "role '$(ROLE)' has no molecule scenarios"; exit 2; }
 	trap '$(ROOT)/molecule/cleanup.sh $(ROLE)' EXIT; \
 	  cd ansible/roles/$(ROLE) && molecule -c $(ROOT)/molecule/base.yml test --all
 
 molecule-all: setup test-hosts ## Run the scenarios of every role
-	@for role in $(CONTAINER_ROLES); do \
+	@for role in $(MOLECULE_ROLES); do \
 	  echo "== molecule: $$role"; $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
