@@ -8,7 +8,7 @@ filter="label=$label"
 ids=$(docker ps -aq --filter "$filter" 2>/dev/null)
 if [ -n "$ids" ]; then
   # shellcheck disable=SC2086  # one id per word
-  docker rm -f $ids >/dev/null && echo "removed $(echo $ids | wc -w) test host(s)"
+  docker rm -f --volumes $ids >/dev/null && echo "removed $(echo $ids | wc -w) test host(s)"
 fi
 # A role's VM sets (the VM tier names them <role>-<scenario>).
 if [ $# -gt 0 ] && [ -x "$(dirname "$0")/vm/vmctl.sh" ]; then

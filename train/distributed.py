@@ -7,6 +7,7 @@ torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Started
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import socket
@@ -94,14 +95,22 @@ def setup(backend: str = "auto", timeout_s: float = 600.0) -> DistInfo:
 
 def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
+        # DDP's reducer keeps the backend alive through reference cycles; collected only at interpreter exit, its
+        # gloo threads are torn down in arbitrary order and the process can abort after a successful run.
+        gc.collect()
         dist.destroy_process_group()
 
 
 @contextmanager
 def process_group(backend: str = "auto", timeout_s: float = 600.0) -> Iterator[DistInfo]:
-    """setup() ... teardown(), also when the body raises or a stop signal arrives."""
+    """setup() ... teardown(), also when the body raises or a stop signal arrives.
+
+    On success every rank meets in a barrier first, so no rank destroys the group while a peer still uses it.
+    """
+    info = setup(backend, timeout_s)
     try:
-        yield setup(backend, timeout_s)
+        yield info
+        barrier(info)
     finally:
         teardown()
 

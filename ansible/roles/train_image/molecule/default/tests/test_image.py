@@ -1,0 +1,73 @@
+"""One image everywhere, and training inside it across both test hosts (driven from the controller)."""
+
+import json
+import subprocess
+
+import pytest
+from train_run import break_a_run, manifest_check, metrics, node_exec, summary, train
+
+NODES = ("img-node0", "img-node1")
+IMAGE = "ddp-train:cpu"
+
+
+def image_id(*docker_prefix: str) -> str:
+    command = [*docker_prefix, "docker", "image", "inspect", "--format", "{{.Id}}", IMAGE]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_containers(node: str) -> str:
+    """Containers of a training run on a node, running or stopped."""
+    return node_exec(node, "docker", "ps", "--all", "--filter", "name=ddp-", "--format", "{{.Names}}").stdout.strip()
+
+
+def test_every_node_holds_the_controllers_image():
+    controller = image_id()
+    assert controller.startswith("sha256:")
+    assert {node: image_id("docker", "exec", node) for node in NODES} == dict.fromkeys(NODES, controller)
+
+
+def test_image_labels_record_the_versions_inside():
+    labels = json.loads(
+        node_exec(NODES[1], "docker", "image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE).stdout
+    )
+    inside = json.loads(node_exec(NODES[1], "docker", "run", "--rm", "--network", "none", IMAGE).stdout)
+    assert labels["ddp.torch"] == inside["torch"] == "2.13.0+cpu"
+    assert labels["ddp.variant"] == "cpu"
+
+
+def test_image_runs_as_a_non_root_user():
+    assert node_exec(NODES[0], "docker", "run", "--rm", "--network", "none", IMAGE, "id", "-un").stdout.strip() == "ddp"
+
+
+@pytest.fixture(scope="module")
+def docker_run():
+    runner, run_dir = train(train_steps=30)
+    assert runner.rc == 0, runner.stdout.read()[-4000:]
+    assert run_dir is not None
+    return run_dir
+
+
+def test_trains_inside_the_image_across_both_nodes(docker_run):
+    assert summary(docker_run)["world_size"] == 2
+    losses = [m["loss"] for m in metrics(docker_run)]
+    assert len(losses) >= 10
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
+
+
+def test_checkpoint_collected_and_manifest_verifies(docker_run):
+    assert list((docker_run / "checkpoints").glob("*.pt")), "no checkpoint collected"
+    check = manifest_check(docker_run)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_no_container_left_after_the_run(docker_run):
+    for node in NODES:
+        assert run_containers(node) == "", node
+
+
+def test_a_failed_nodes_container_is_removed_and_the_play_names_it():
+    broken = break_a_run("img-node1", ("sh", "-c", "docker kill $(docker ps -q --filter name=ddp-)"))
+    assert broken.rc != 0
+    assert "failed on node img-node1" in broken.output, broken.output[-3000:]
+    for node in NODES:
+        assert run_containers(node) == "", f"{node} still has {run_containers(node)}"

@@ -1,0 +1,92 @@
+"""Runs the launch playbook from a molecule verify step against the scenario's test hosts, and reads what it
+collected. Shared by the scenarios that train (on the verifier's PYTHONPATH through molecule/base.yml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+ROOT = Path(os.environ["DDP_REPO_ROOT"])
+INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+# Where the scenario's inventory tells the train role to collect (train_artifacts_dir).
+ARTIFACTS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "artifacts"
+
+
+def run_dirs() -> list[Path]:
+    return sorted(p for p in ARTIFACTS.iterdir() if p.is_dir()) if ARTIFACTS.exists() else []
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "metrics" / "summary.json").read_text())
+
+
+def manifest_check(run_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sha256sum", "-c", "MANIFEST.sha256"], cwd=run_dir, capture_output=True, text=True, check=False
+    )
+
+
+def train(**extravars: Any) -> tuple[Any, Path | None]:
+    """Runs ansible/playbooks/train.yml against the test hosts; returns the runner and the new run's directory."""
+    before = set(run_dirs())
+    private_dir = ARTIFACTS.parent / "runner"
+    private_dir.mkdir(parents=True, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(private_dir),
+        project_dir=str(ROOT),
+        playbook=str(ROOT / "ansible/playbooks/train.yml"),
+        inventory=str(INVENTORY),
+        extravars=extravars,
+        envvars={
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_ROLES_PATH": str(ROOT / "ansible/roles"),
+        },
+        quiet=True,
+    )
+    new = sorted(set(run_dirs()) - before)
+    return runner, (new[-1] if new else None)
+
+
+def node_exec(node: str, *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", "exec", node, *command], capture_output=True, text=True, check=False)
+
+
+@dataclass
+class BrokenRun:
+    rc: int
+    output: str
+    seconds_to_fail: float
+
+
+def break_a_run(node: str, kill: tuple[str, ...], **extravars: Any) -> BrokenRun:
+    """Starts a long run, waits until node trains, runs the kill command there, and waits for the play to end."""
+    outcome: dict[str, Any] = {}
+
+    def long_run() -> None:
+        outcome["runner"], _ = train(train_resume="never", train_steps=100000, **extravars)
+
+    worker = threading.Thread(target=long_run)
+    worker.start()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not node_exec(node, "pgrep", "-f", "train.py").stdout:
+        time.sleep(1)
+    time.sleep(10)  # well into the run: past rendezvous, taking steps
+    node_exec(node, *kill)
+    killed_at = time.monotonic()
+    worker.join(timeout=240)
+    assert not worker.is_alive(), f"the play did not end after {' '.join(kill)} on {node}"
+    runner = outcome["runner"]
+    return BrokenRun(runner.rc, runner.stdout.read(), time.monotonic() - killed_at)
