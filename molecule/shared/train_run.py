@@ -64,6 +64,31 @@ def node_exec(node: str, *command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", "exec", node, *command], capture_output=True, text=True, check=False)
 
 
+class Background:
+    """train(**extravars) on a thread: the test acts on the hosts while the play runs."""
+
+    def __init__(self, **extravars: Any) -> None:
+        self.runner: Any = None
+        self.run_dir: Path | None = None
+        self._thread = threading.Thread(target=self._run, kwargs=extravars)
+        self._thread.start()
+
+    def _run(self, **extravars: Any) -> None:
+        self.runner, self.run_dir = train(**extravars)
+
+    def wait(self, timeout: float) -> None:
+        self._thread.join(timeout=timeout)
+        assert not self._thread.is_alive(), f"the play did not end within {timeout:.0f} s"
+
+
+def wait_for(node: str, *command: str, timeout: float = 300) -> None:
+    """Until command succeeds on node (polled twice a second)."""
+    deadline = time.monotonic() + timeout
+    while node_exec(node, *command).returncode != 0:
+        assert time.monotonic() < deadline, f"{' '.join(command)} did not succeed on {node} within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
 @dataclass
 class BrokenRun:
     rc: int
@@ -73,20 +98,10 @@ class BrokenRun:
 
 def break_a_run(node: str, kill: tuple[str, ...], **extravars: Any) -> BrokenRun:
     """Starts a long run, waits until node trains, runs the kill command there, and waits for the play to end."""
-    outcome: dict[str, Any] = {}
-
-    def long_run() -> None:
-        outcome["runner"], _ = train(train_resume="never", train_steps=100000, **extravars)
-
-    worker = threading.Thread(target=long_run)
-    worker.start()
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not node_exec(node, "pgrep", "-f", "train.py").stdout:
-        time.sleep(1)
+    run = Background(train_resume="never", train_steps=100000, **extravars)
+    wait_for(node, "pgrep", "-f", "train.py")
     time.sleep(10)  # well into the run: past rendezvous, taking steps
     node_exec(node, *kill)
     killed_at = time.monotonic()
-    worker.join(timeout=240)
-    assert not worker.is_alive(), f"the play did not end after {' '.join(kill)} on {node}"
-    runner = outcome["runner"]
-    return BrokenRun(runner.rc, runner.stdout.read(), time.monotonic() - killed_at)
+    run.wait(timeout=240)
+    return BrokenRun(run.runner.rc, run.runner.stdout.read(), time.monotonic() - killed_at)

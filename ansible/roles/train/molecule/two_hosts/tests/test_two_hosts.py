@@ -1,7 +1,9 @@
 """The two-host proof, run from the controller against the two test hosts that molecule created."""
 
+import subprocess
+
 import pytest
-from train_run import break_a_run, manifest_check, metrics, node_exec, run_dirs, summary, train
+from train_run import Background, break_a_run, manifest_check, metrics, node_exec, run_dirs, summary, train, wait_for
 
 NODES = ("train-node0", "train-node1")
 
@@ -51,3 +53,48 @@ def test_killing_torchrun_on_one_node_fails_the_play_naming_it():
     assert "failed on node train-node1" in broken.output
     for node in NODES:
         assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
+
+
+# Slower steps (a wider network) and frequent checkpoints, so a fault lands mid-run after a checkpoint.
+SLOW_ARGS = [
+    *("--config", "{{ train_config }}", "--steps", "{{ train_steps }}"),
+    *("--checkpoint-dir", "{{ train_checkpoint_dir }}", "--output-dir", "{{ train_output_dir }}", "--resume", "auto"),
+    *("--set", "model.width=128", "--checkpoint-every", "10"),
+]
+
+
+def checkpoints(job):
+    listing = node_exec("train-node0", "sh", "-c", f"ls /data/ddp/{job}/checkpoints/ | grep '^ckpt-.*pt$'").stdout
+    return [int(name.removeprefix("ckpt-").removesuffix(".pt")) for name in listing.split()]
+
+
+def test_a_killed_rank_is_restarted_and_the_job_finishes_from_its_checkpoint():
+    run = Background(train_job_name="restart", train_steps=150, train_max_restarts=1, train_program_args=SLOW_ARGS)
+    wait_for("train-node0", "sh", "-c", "ls /data/ddp/restart/checkpoints/ckpt-*.pt")
+    # The rank (torchrun starts it as `python -u train.py`), not torchrun, whose command line names train.py too.
+    node_exec("train-node1", "pkill", "-KILL", "-f", " -u .*train/train.py")
+    run.wait(timeout=600)
+    assert run.runner.rc == 0, run.runner.stdout.read()[-3000:]
+    # summary.json is the last attempt's: it started from a checkpoint and reached the target.
+    assert summary(run.run_dir)["resumed_from_step"] >= 10
+    steps = [m["step"] for m in metrics(run.run_dir)]
+    assert sorted(set(steps)) == list(range(1, 151)), "steps lost or repeated across the restart"
+
+
+def test_a_stopped_node_fails_the_play_and_a_rerun_resumes_from_the_last_checkpoint():
+    run = Background(train_job_name="stopped", train_steps=100000, train_program_args=SLOW_ARGS)
+    wait_for("train-node0", "sh", "-c", "ls /data/ddp/stopped/checkpoints/ckpt-*.pt")
+    subprocess.run(["docker", "stop", "--time", "5", "train-node1"], check=True, capture_output=True)
+    try:
+        run.wait(timeout=300)
+        output = run.runner.stdout.read()
+        assert run.runner.rc != 0
+        assert "failed on node train-node1" in output, output[-3000:]
+        assert leftovers("train-node0") == ""
+    finally:
+        subprocess.run(["docker", "start", "train-node1"], check=True, capture_output=True)
+        node_exec("train-node1", "systemctl", "is-system-running", "--wait")
+    last_saved = max(checkpoints("stopped"))
+    runner, run_dir = train(train_job_name="stopped", train_steps=5, train_program_args=SLOW_ARGS)
+    assert runner.rc == 0, runner.stdout.read()[-3000:]
+    assert metrics(run_dir)[0]["step"] == last_saved + 1
