@@ -1,0 +1,201 @@
+"""site.yml refuses bad input in its read-only preflight (ansible/playbooks/preflight.yml), before any host
+is changed: each case is refused naming the variable and the host, with changed=0 on every host and no task of
+a later stage started.
+
+Safety: site.yml runs here only with inventories the preflight must refuse, and in check mode besides, so that
+a preflight that wrongly let a case through still could not provision this machine. The good baseline runs
+through preflight.yml alone, which only reads. Every host is this machine (connection local), except the
+unreachable one: SSH to a closed port on loopback.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow  # one ansible-playbook run per case
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_VARS = ROOT / "inventory/lab/group_vars/all"
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+BASE_HOSTS = {"node0": {"cluster_address": "127.0.0.1"}, "node1": {"cluster_address": "127.0.0.2"}}
+BASE_GROUPS = {
+    "cluster": ["node0", "node1"],
+    "nfs_server": ["node0"],
+    "nfs_clients": ["node1"],
+    "training": ["node0", "node1"],
+}
+# The lab's settings, on loopback: the interfaces every machine has, the CIDR its addresses are in.
+LOOPBACK = {
+    "cluster_cidrs": ["127.0.0.0/8"],
+    "admin_cidrs": ["127.0.0.0/8"],
+    "train_env": {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"},
+}
+# Tasks of the stages after the preflight: none may start.
+LATER_STAGES = ("PLAY [SSH mesh", "TASK [ssh_mesh", "TASK [firewall", "TASK [nfs_", "TASK [docker", "TASK [train_image")
+RECAP_LINE = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", re.MULTILINE)
+
+
+def baseline_vars() -> dict:
+    """inventory/lab/group_vars/all, file by file as Ansible reads them, with LOOPBACK on top."""
+    settings: dict = {}
+    for path in sorted(LAB_VARS.glob("*.yml")):
+        settings.update(yaml.safe_load(path.read_text()) or {})
+    return {**settings, **LOOPBACK}
+
+
+def write_inventory(tmp_path: Path, hosts: dict | None = None, groups: dict | None = None, **group_vars) -> Path:
+    """The baseline inventory (node0 serves NFS, node1 mounts it, both train) with a case's overrides: host
+    variables (a new host name adds a local host), group memberships (None drops the group), group_vars.
+    A fake device tree with one NVIDIA GPU lies at <inventory>/dev, for preflight_device_dir."""
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    (inventory / "dev").mkdir()
+    (inventory / "dev" / "nvidia0").touch()
+    all_hosts = {name: {**LOCAL, **BASE_HOSTS.get(name, {})} for name in {**BASE_HOSTS, **(hosts or {})}}
+    for name, overrides in (hosts or {}).items():
+        all_hosts[name].update(overrides)
+    members = {name: group for name, group in {**BASE_GROUPS, **(groups or {})}.items() if group is not None}
+    children = {name: {"hosts": dict.fromkeys(group)} for name, group in members.items()}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": all_hosts, "children": children}}))
+    (inventory / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump({**baseline_vars(), **group_vars}))
+    return inventory
+
+
+def ansible_playbook(playbook: str, inventory: Path, *options: str) -> tuple[int, str]:
+    """Runs a playbook of this repository from its root; returns the exit status and the whole output."""
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), playbook, "-i", str(inventory), *options]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return run.returncode, run.stdout + run.stderr
+
+
+def changed_per_host(output: str) -> dict[str, int]:
+    recap = output[output.index("PLAY RECAP") :]
+    return {host: int(changed) for host, changed in RECAP_LINE.findall(recap)}
+
+
+# Each case: overrides of the baseline, and the texts the refusal must hold (the variable, then the host).
+NODE2 = {"node2": {"cluster_address": "127.0.0.3"}}
+WITH_NODE2 = {
+    "cluster": ["node0", "node1", "node2"],
+    "nfs_clients": ["node1", "node2"],
+    "training": ["node0", "node1", "node2"],
+}
+CASES = {
+    "two NFS servers": (
+        {"groups": {"nfs_server": ["node0", "node1"], "nfs_clients": []}},
+        ["group nfs_server holds 2 host(s) (node0, node1)"],
+    ),
+    "no NFS server": (
+        {"groups": {"nfs_server": None}},
+        ["group nfs_server holds 0 host(s)", "the cluster (node0, node1)"],
+    ),
+    "the NFS server also a client": (
+        {"groups": {"nfs_clients": ["node0", "node1"]}},
+        ["node0 is in both group nfs_server and group nfs_clients"],
+    ),
+    "master outside the cluster": (
+        {"hosts": {"nodeX": {"cluster_address": "127.0.0.9"}}, "groups": {"training": ["nodeX", "node0", "node1"]}},
+        ["training host(s) nodeX of group 'training' are not in group 'cluster'"],
+    ),
+    "a host listed twice": (
+        {"hosts": {"node2": {"cluster_address": "127.0.0.2"}}, "groups": WITH_NODE2},
+        ["cluster_address=127.0.0.2 on node1 and node2"],
+    ),
+    "nproc_per_node above the inventory's gpu_count": (
+        {"hosts": {"node1": {"gpu_count": 4, "train_nproc_per_node": 8}}},
+        ["train_nproc_per_node=8 on node1: must be 'auto' or a positive integer, at most its gpu_count=4"],
+    ),
+    "nproc_per_node above the node's GPUs": (
+        {"hosts": {"node1": {"train_nproc_per_node": 2, "preflight_device_dir": "{{ inventory_dir }}/dev"}}},
+        ["train_nproc_per_node=2 on node1 is more than its 1 GPU(s)"],
+    ),
+    "rendezvous port out of range": (
+        {"hosts": {"node1": {"rendezvous_port": 70000}}},
+        ["rendezvous_port=70000 on node1: not a port"],
+    ),
+    "firewall port out of range": (
+        {"hosts": {"node0": {"firewall_ssh_port": 0}}},
+        ["firewall_ssh_port=0 on node0: not a port"],
+    ),
+    "rendezvous port is the SSH port": (
+        {"hosts": {"node1": {"rendezvous_port": 22}}},
+        ["rendezvous_port=22 on node1 is also firewall_ssh_port=22"],
+    ),
+    "rendezvous port is the NFS port": (
+        {"group_vars": {"rendezvous_port": 2049}},
+        ["rendezvous_port=2049 on node0 is also firewall_nfs_port=2049"],
+    ),
+    "rendezvous port inside the data port range": (
+        {"hosts": {"node1": {"rendezvous_port": 50500}}},
+        ["rendezvous_port=50500 on node1 is also inside firewall_data_port_range_start-end (50000-51999)"],
+    ),
+    "malformed cluster CIDR": (
+        {"hosts": {"node1": {"cluster_cidrs": ["127.0.0.0/8", "10.0.0.300/24"]}}},
+        ["cluster_cidrs entry 10.0.0.300/24 on node1"],
+    ),
+    "admin CIDR with host bits": (
+        {"group_vars": {"admin_cidrs": ["127.0.0.1/8"]}},
+        ["admin_cidrs entry 127.0.0.1/8 on node0"],
+    ),
+    "version not exact": (
+        {"hosts": {"node1": {"gpu_stack_cuda_version": "12.4"}}},
+        ["host node1: gpu_stack_cuda_version='12.4'"],
+    ),
+    "NCCL_SOCKET_IFNAME names an interface the node lacks": (
+        {"hosts": {"node1": {"train_env": {"NCCL_SOCKET_IFNAME": "ib9"}}}},
+        ["NCCL_SOCKET_IFNAME=ib9 in train_env on node1: no such interface"],
+    ),
+    "GLOO_SOCKET_IFNAME names an interface the node lacks": (
+        {"hosts": {"node0": {"train_env": {"GLOO_SOCKET_IFNAME": "eth9"}}}},
+        ["GLOO_SOCKET_IFNAME=eth9 in train_env on node0: no such interface"],
+    ),
+    "an unreachable node": (
+        {
+            "hosts": {
+                "node2": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1, **NODE2["node2"]}
+            },
+            "groups": WITH_NODE2,
+        },
+        ["node2 is unreachable (ansible_host=127.0.0.1", "ansible_port=1"],
+    ),
+    "two nodes with a checkpoint directory that is not shared": (
+        {"group_vars": {"train_checkpoint_dir": "/var/tmp/ddp-checkpoints"}},
+        ["train_checkpoint_dir=/var/tmp/ddp-checkpoints on node0", "shared_dir=/data"],
+    ),
+    "a training node that does not mount the shared directory": (
+        {"hosts": NODE2, "groups": {**WITH_NODE2, "nfs_clients": ["node1"]}},
+        ["shared_dir=/data is not shared with node2", "in nfs_clients"],
+    ),
+    "unknown runtime": (
+        {"hosts": {"node0": {"train_runtime": "kubernetes"}}},
+        ["train_runtime=kubernetes on node0: must be host or docker"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_refused_before_any_host_changes(tmp_path, case):
+    overrides, names = CASES[case]
+    inventory = write_inventory(
+        tmp_path, overrides.get("hosts"), overrides.get("groups"), **overrides.get("group_vars", {})
+    )
+    rc, output = ansible_playbook("site.yml", inventory, "--check")
+    assert rc != 0, output[-3000:]
+    for name in names:
+        assert name in output, output[-3000:]
+    changed = changed_per_host(output)
+    assert changed and not any(changed.values()), changed
+    started = [stage for stage in LATER_STAGES if stage in output]
+    assert not started, output[-3000:]
+
+
+def test_baseline_passes_the_preflight(tmp_path):
+    rc, output = ansible_playbook("ansible/playbooks/preflight.yml", write_inventory(tmp_path))
+    assert rc == 0, output[-3000:]
+    assert changed_per_host(output) == {"localhost": 0, "node0": 0, "node1": 0}, output[-1500:]
