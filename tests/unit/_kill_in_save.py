@@ -8,8 +8,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
 
-import checkpoint  # noqa: E402
-import train  # noqa: E402
+import checkpoint
+
+import train
 
 KILL_AT_STEP = int(os.environ["DDP_TEST_KILL_AT_STEP"])
 original_save = checkpoint.atomic_save

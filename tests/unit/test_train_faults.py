@@ -1,6 +1,5 @@
 """Faults during a run of train.py under torchrun (2 gloo processes): the writer killed while it saves."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ def test_writer_killed_during_a_save_keeps_the_previous_checkpoint_and_resume_us
     assert any(name.endswith(".tmp") for name in left), f"the kill came before any byte was written: {left}"
 
     out = tmp_path / "resumed"
-    resumed = train("--max-steps", "30", "--checkpoint-dir", ckpt_dir, "--output-dir", out, "--resume", "auto", *common)
+    train("--max-steps", "30", "--checkpoint-dir", ckpt_dir, "--output-dir", out, "--resume", "auto", *common)
     assert metrics(out)[0]["step"] == 11, "resume did not start from the last complete checkpoint (step 10)"
     assert metrics(out)[-1]["step"] == 30
-    assert not [p for p in os.listdir(ckpt_dir) if p.endswith(".tmp")], "the stale temp file was not cleaned up"
+    assert not [p for p in ckpt_dir.iterdir() if p.suffix == ".tmp"], "the stale temp file was not cleaned up"
