@@ -14,15 +14,17 @@ export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 
 INVENTORY ?= inventory/local
 RESUME ?= auto
+# More playbook variables for `make train`, space-separated KEY=VALUE: make train EXTRA_VARS="train_steps=500"
+EXTRA_VARS ?=
 ROLE ?=
 # Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train bench-comm clean-test-hosts
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed ## Create .venv with the pinned toolchain (quick when already done)
 
@@ -65,7 +67,7 @@ clean-test-hosts: ## Remove any test host or test network left behind
 	molecule/cleanup.sh
 
 train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
-	$(BIN)/python ansible/run_training.py --inventory $(INVENTORY) --resume $(RESUME)
+	$(BIN)/python ansible/run_training.py --inventory $(INVENTORY) --resume $(RESUME) $(addprefix -e ,$(EXTRA_VARS))
 
 bench-comm: setup ## Allreduce benchmark with 2 local processes
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py
@@ -86,3 +88,15 @@ vm-test: setup vm-images ## The VM-tier scenarios: kernel NFS server and client 
 vm-clean: ## Stop every VM a killed run left behind and remove its overlays
 	molecule/vm/vmctl.sh down-all
 # --- VM tier (nfs) ---
+
+# --- The lab: the whole flow on two real-kernel VMs (tests/lab/lab.sh) ---
+lab: setup ## site.yml on two QEMU VMs, then make train across both (docker runtime, checkpoints on NFS)
+	tests/host/ensure-docker.sh
+	tests/lab/lab.sh all
+
+lab-down: ## Remove the lab's VMs and inventory
+	tests/lab/lab.sh down
+
+e2e: setup ## The lab as tests: converge, rerun changed=0, train across both VMs, NFS restart mid-run
+	tests/host/ensure-docker.sh
+	tests/run-pytest.sh tests/e2e

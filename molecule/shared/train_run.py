@@ -39,8 +39,9 @@ def manifest_check(run_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def train(**extravars: Any) -> tuple[Any, Path | None]:
-    """Runs ansible/playbooks/train.yml against the test hosts; returns the runner and the new run's directory."""
+def train(cancel: threading.Event | None = None, **extravars: Any) -> tuple[Any, Path | None]:
+    """Runs ansible/playbooks/train.yml against the test hosts; returns the runner and the new run's directory.
+    Setting cancel stops the play (the test gave up on it)."""
     before = set(run_dirs())
     private_dir = ARTIFACTS.parent / "runner"
     private_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +56,7 @@ def train(**extravars: Any) -> tuple[Any, Path | None]:
             "ANSIBLE_ROLES_PATH": str(ROOT / "ansible/roles"),
         },
         quiet=True,
+        cancel_callback=cancel.is_set if cancel else None,
     )
     new = sorted(set(run_dirs()) - before)
     return runner, (new[-1] if new else None)
@@ -70,15 +72,20 @@ class Background:
     def __init__(self, **extravars: Any) -> None:
         self.runner: Any = None
         self.run_dir: Path | None = None
-        self._thread = threading.Thread(target=self._run, kwargs=extravars)
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, kwargs=extravars, daemon=True)
         self._thread.start()
 
     def _run(self, **extravars: Any) -> None:
-        self.runner, self.run_dir = train(**extravars)
+        self.runner, self.run_dir = train(cancel=self._cancel, **extravars)
 
     def wait(self, timeout: float) -> None:
         self._thread.join(timeout=timeout)
-        assert not self._thread.is_alive(), f"the play did not end within {timeout:.0f} s"
+        if self._thread.is_alive():
+            # Stop the play rather than leave it running after the test (the hosts go with the scenario).
+            self._cancel.set()
+            self._thread.join(timeout=60)
+            raise AssertionError(f"the play did not end within {timeout:.0f} s")
 
 
 def wait_for(node: str, *command: str, timeout: float = 300) -> None:
@@ -99,7 +106,9 @@ class BrokenRun:
 def break_a_run(node: str, kill: tuple[str, ...], **extravars: Any) -> BrokenRun:
     """Starts a long run, waits until node trains, runs the kill command there, and waits for the play to end."""
     run = Background(train_resume="never", train_steps=100000, **extravars)
-    wait_for(node, "pgrep", "-f", "train.py")
+    # The rank itself (torchrun starts it as `python -u .../train.py`, also inside a container, whose processes
+    # the test host sees): the launcher's and torchrun's command lines name train.py long before it runs.
+    wait_for(node, "pgrep", "-f", " -u .*train/train.py")
     time.sleep(10)  # well into the run: past rendezvous, taking steps
     node_exec(node, *kill)
     killed_at = time.monotonic()

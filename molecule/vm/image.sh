@@ -7,6 +7,9 @@
 #   usage: molecule/vm/image.sh            prints the image directory (rootfs.ext4, vmlinuz, initrd.img)
 #   env:   DDP_VM_EXTRA_PACKAGES="pkg ..."  more packages baked in (part of the hash)
 #          DDP_VM_DISK_SIZE=6G              root filesystem size (part of the hash; the file is sparse)
+#          DDP_VM_DOCKER_ARCHIVES="a.tar ..."  `docker save` archives preloaded into the image's /var/lib/docker
+#                                           (needs docker.io among the extra packages, and dockerd here; the
+#                                           archive names are part of the hash, so name them by image ID)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,7 +28,10 @@ packages=(
 )
 # shellcheck disable=SC2206  # a word list on purpose
 extra=(${DDP_VM_EXTRA_PACKAGES:-})
-recipe_hash=$( (cat "$here/image.sh"; echo "${extra[*]:-}" "$disk_size") | sha256sum | cut -c1-12)
+# shellcheck disable=SC2206
+archives=(${DDP_VM_DOCKER_ARCHIVES:-})
+archive_names=$(for a in "${archives[@]}"; do basename "$a"; done)
+recipe_hash=$( (cat "$here/image.sh"; echo "${extra[*]:-}" "$disk_size" $archive_names) | sha256sum | cut -c1-12)
 image_dir="$cache/images/debian12-$recipe_hash"
 
 is_built() { [ -s "$image_dir/rootfs.ext4" ] && [ -s "$image_dir/vmlinuz" ] && [ -s "$image_dir/initrd.img" ]; }
@@ -40,7 +46,9 @@ if is_built; then echo "$image_dir"; exit 0; fi
 work=$(mktemp -d "$cache/images/.build-$recipe_hash.XXXXXX")
 rootfs="$work/rootfs"
 log="$work/build.log"
+bake_pid=
 cleanup() {
+  [ -n "$bake_pid" ] && kill "$bake_pid" 2>/dev/null && wait "$bake_pid" 2>/dev/null
   for m in dev/pts dev proc sys; do mountpoint -q "$rootfs/$m" 2>/dev/null && umount -l "$rootfs/$m"; done
   rm -rf "$work"
 }
@@ -79,6 +87,32 @@ chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-inst
 chroot "$rootfs" apt-get clean >>"$log" 2>&1
 for m in dev/pts dev proc sys; do umount -l "$rootfs/$m"; done
 rm -f "$rootfs/usr/sbin/policy-rc.d"
+
+# Images preloaded for the guests' Docker engine: `docker load` of a torch image takes many minutes under TCG,
+# seconds here. A second, private dockerd of this host (same Debian docker.io as the guests) loads the archives
+# straight into the rootfs's data root; the guest's engine finds them there at boot, under the same image IDs.
+bake_images() {
+  local run_dir data="$rootfs/var/lib/docker" archive
+  # The daemon's sockets live under a short path (a unix socket path holds 107 bytes at most).
+  run_dir=$(mktemp -d /tmp/ddp-vm-bake.XXXXXX)
+  local sock="$run_dir/docker.sock"
+  [ -x "$rootfs/usr/sbin/dockerd" ] || fail "DDP_VM_DOCKER_ARCHIVES needs docker.io in DDP_VM_EXTRA_PACKAGES"
+  command -v dockerd >/dev/null || fail "DDP_VM_DOCKER_ARCHIVES needs dockerd on this host (tests/host/ensure-docker.sh)"
+  dockerd --data-root "$data" --exec-root "$run_dir/exec" --pidfile "$run_dir/pid" -H "unix://$sock" \
+    --bridge none --iptables=false --ip6tables=false --storage-driver overlay2 >>"$log" 2>&1 &
+  bake_pid=$!
+  for _ in $(seq 60); do docker -H "unix://$sock" info >/dev/null 2>&1 && break; sleep 1; done
+  for archive in "${archives[@]}"; do
+    docker -H "unix://$sock" load --input "$archive" >>"$log" 2>&1 || fail "docker load $archive"
+  done
+  kill "$bake_pid"
+  wait "$bake_pid" 2>/dev/null || true
+  bake_pid=
+  rm -rf "$run_dir"
+  # Only the images: the guest's engine makes its own networks and state.
+  rm -rf "$data"/{network,containerd,containers,tmp,runtimes,swarm}
+}
+if ((${#archives[@]})); then bake_images; fi
 
 # The kernel and initrd are booted directly (-kernel/-initrd); the rootfs keeps its copy for the modules.
 cp "$(readlink -f "$rootfs/vmlinuz")" "$work/vmlinuz"

@@ -16,33 +16,49 @@ spec.loader.exec_module(ddp_node)
 NODES = ["node0", "node1"]
 
 
+def write_status(directory, node, beat, exit_code=None):
+    (directory / f"status-{node}.json").write_text(json.dumps({"beat": beat, "exit_code": exit_code}))
+
+
 def test_running_while_no_node_has_exited(tmp_path):
-    now = time.time()
     for node in NODES:
-        (tmp_path / f"heartbeat-{node}").write_text(f"{now:.0f}\n")
-    assert ddp_node.job_state(tmp_path, NODES, 30, now) == {"job": "running"}
+        write_status(tmp_path, node, beat=3)
+    assert ddp_node.job_state(tmp_path, NODES, 30, time.time(), {}) == {"job": "running"}
 
 
 def test_failed_names_the_node_with_a_nonzero_exit(tmp_path):
-    (tmp_path / "exit-node0").write_text("0\n")
-    (tmp_path / "exit-node1").write_text("-9\n")
-    state = ddp_node.job_state(tmp_path, NODES, 30, time.time())
+    write_status(tmp_path, "node0", beat=-1, exit_code=0)
+    write_status(tmp_path, "node1", beat=-1, exit_code=-9)
+    state = ddp_node.job_state(tmp_path, NODES, 30, time.time(), {})
     assert state["job"] == "failed"
     assert state["failed_node"] == "node1"
 
 
 def test_a_node_whose_heartbeat_stopped_counts_as_failed(tmp_path):
     now = time.time()
-    (tmp_path / "heartbeat-node0").write_text(f"{now:.0f}\n")
-    (tmp_path / "heartbeat-node1").write_text(f"{now - 120:.0f}\n")
-    state = ddp_node.job_state(tmp_path, NODES, 30, now)
+    write_status(tmp_path, "node0", beat=9)
+    write_status(tmp_path, "node1", beat=4)
+    # This poller saw node0 beat since, node1 not for two minutes.
+    seen = {"node0": {"beat": 8, "since": now - 120}, "node1": {"beat": 4, "since": now - 120}}
+    state = ddp_node.job_state(tmp_path, NODES, 30, now, seen)
     assert (state["job"], state["failed_node"]) == ("failed", "node1")
+    assert seen["node0"] == {"beat": 9, "since": now}
+
+
+def test_staleness_is_judged_by_the_pollers_clock_not_the_writers(tmp_path):
+    # A node whose clock runs far behind (or ahead) still counts as alive while its count moves.
+    seen = {}
+    for beat, now in ((1, 1000.0), (2, 1020.0), (3, 1040.0)):
+        for node in NODES:
+            write_status(tmp_path, node, beat=beat)
+        assert ddp_node.job_state(tmp_path, NODES, 30, now, seen) == {"job": "running"}
+    assert ddp_node.job_state(tmp_path, NODES, 30, 1075.0, seen)["job"] == "failed"
 
 
 def test_succeeded_when_every_node_exited_zero(tmp_path):
     for node in NODES:
-        (tmp_path / f"exit-{node}").write_text("0\n")
-    assert ddp_node.job_state(tmp_path, NODES, 30, time.time()) == {"job": "succeeded"}
+        write_status(tmp_path, node, beat=-1, exit_code=0)
+    assert ddp_node.job_state(tmp_path, NODES, 30, time.time(), {}) == {"job": "succeeded"}
 
 
 def run_runner(*args):
@@ -57,7 +73,7 @@ def test_launch_poll_and_stop_leave_nothing_behind(tmp_path):
         [sys.executable, str(RUNNER), "launch", *common, "--", "sh", "-c", "sleep 300 & wait"],
     )
     deadline = time.monotonic() + 10
-    while not (shared / "heartbeat-node0").exists() and time.monotonic() < deadline:
+    while not (shared / "status-node0.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     poll = run_runner("poll", *common, "--nodes", "node0")
     assert poll.returncode == 0, poll.stderr

@@ -106,6 +106,8 @@ SERVER_BASELINE = {
     "nfs_server_exports": [{"path": "/data"}],
     "nfs_server_export_options": ["rw", "sync", "root_squash", "no_subtree_check"],
     "nfs_server_dir_mode": "0755",
+    "nfs_server_lease_time": 90,
+    "nfs_server_grace_time": 90,
 }
 CLIENT_BASELINE = {
     "nfs_client_server": "10.213.50.10",
@@ -131,6 +133,8 @@ SERVER_CASES = {
     "option_injection": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_export_options": ["rw) *(rw"]},
     "relative_path": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_exports": [{"path": "data"}]},
     "bad_mode": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_dir_mode": "rwx"},
+    "short_lease": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_lease_time": 5},
+    "fast_recovery": {"nfs_server_allowed_cidrs": CIDRS, "nfs_server_lease_time": 10, "nfs_server_grace_time": 10},
 }
 CLIENT_CASES = {
     "cluster": {"nfs_client_server": "10.213.50.10", "nfs_client_export": "/data"},
@@ -157,7 +161,7 @@ def client_outcomes(tmp_path_factory):
     return run_cases(tmp_path_factory.mktemp("nfs_client"), "nfs_client", CLIENT_BASELINE, CLIENT_CASES)
 
 
-@pytest.mark.parametrize("case", ["cluster", "two_networks"])
+@pytest.mark.parametrize("case", ["cluster", "two_networks", "fast_recovery"])
 def test_server_accepts_cluster_cidrs(server_outcomes, case):
     assert server_outcomes[case] == "ok"
 
@@ -173,7 +177,7 @@ def test_server_refuses_malformed_cidrs(server_outcomes, case):
     assert SERVER_CASES[case]["nfs_server_allowed_cidrs"][0] in server_outcomes[case]
 
 
-@pytest.mark.parametrize("case", ["option_injection", "relative_path", "bad_mode"])
+@pytest.mark.parametrize("case", ["option_injection", "relative_path", "bad_mode", "short_lease"])
 def test_server_refuses_bad_paths_options_and_modes(server_outcomes, case):
     assert server_outcomes[case] != "ok"
     assert server_outcomes[case].startswith("nfs_server:")

@@ -2,14 +2,15 @@
 """Runs one node's part of a training job and reports on it; copied to every node by train.yml.
 
     ddp_node.py launch --node-dir D --shared-dir S --node NAME -- COMMAND...
-        Runs COMMAND (torchrun or `docker run ... torchrun`) in its own process group, logging to D/node.log,
-        writing a heartbeat to S/heartbeat-NAME while it runs and its exit code to S/exit-NAME at the end.
-        Exits with COMMAND's exit code.
+        Runs COMMAND (torchrun or `docker run ... torchrun`) in its own process group, logging to D/node.log.
+        Its status file S/status-NAME.json counts heartbeats while COMMAND runs and records its exit code at
+        the end. Exits with COMMAND's exit code.
     ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
         Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
         "failed") with the failed node's name, and the latest metrics line when FILE exists here.
         Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
-        `until: rc != 0` waits exactly as long as the job runs.
+        `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
+        S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
     ddp_node.py check-rendezvous --port P [--master-addr A --peers N] [--timeout S]
         Run on every node at once before launch. On the master (no --master-addr): fails at once if the port
         is taken, otherwise accepts N peer connections within the timeout. On a peer: connects to A:P,
@@ -33,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 HEARTBEAT_EVERY_S = 5.0
 
@@ -40,26 +42,43 @@ HEARTBEAT_EVERY_S = 5.0
 def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> int:
     node_dir.mkdir(parents=True, exist_ok=True)
     shared_dir.mkdir(parents=True, exist_ok=True)
-    heartbeat = shared_dir / f"heartbeat-{node}"
-    (shared_dir / f"exit-{node}").unlink(missing_ok=True)
+    status = shared_dir / f"status-{node}.json"
+    _write_status(status, beat=0, exit_code=None)
     with (node_dir / "node.log").open("ab") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     (node_dir / "pgid").write_text(f"{child.pid}\n")
     done = threading.Event()
 
     def beat() -> None:
-        while not done.is_set():
-            heartbeat.write_text(f"{time.time():.0f}\n")
-            done.wait(HEARTBEAT_EVERY_S)
+        count = 0
+        while not done.wait(HEARTBEAT_EVERY_S):
+            count += 1
+            _write_status(status, beat=count, exit_code=None)
 
-    threading.Thread(target=beat, daemon=True).start()
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
     # A stop from Ansible (or the async timeout) reaches this process: pass it on to the job's group.
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(child.pid, signal.SIGTERM))
     code = child.wait()
     done.set()
-    (shared_dir / f"exit-{node}").write_text(f"{code}\n")
+    beater.join()
+    _write_status(status, beat=-1, exit_code=code)
     (node_dir / "exit").write_text(f"{code}\n")
     return code
+
+
+def _write_status(path: Path, beat: int, exit_code: int | None) -> None:
+    # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
+    # while a file created later can stay hidden behind a cached negative lookup for up to a minute.
+    path.write_text(json.dumps({"beat": beat, "exit_code": exit_code}) + "\n")
+
+
+def _read_status(path: Path) -> dict[str, Any] | None:
+    try:
+        status = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None  # not started yet, or caught between truncate and write
+    return status if isinstance(status, dict) else None
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -97,29 +116,44 @@ def _last_line(path: Path) -> dict[str, object] | None:
     return None
 
 
-def job_state(shared_dir: Path, nodes: list[str], stale_after_s: float, now: float) -> dict[str, object]:
-    """The whole job's state as seen from the shared run directory."""
-    exits = {node: _read_int(shared_dir / f"exit-{node}") for node in nodes}
+def job_state(
+    shared_dir: Path, nodes: list[str], stale_after_s: float, now: float, seen: dict[str, dict[str, float]]
+) -> dict[str, object]:
+    """The whole job's state as seen from the shared run directory. seen (updated here) holds, per node, the
+    last heartbeat count this poller saw and when it first saw it, by this poller's clock."""
+    statuses = {node: _read_status(shared_dir / f"status-{node}.json") for node in nodes}
+    exits = {node: status.get("exit_code") if status else None for node, status in statuses.items()}
     failed = [node for node, code in exits.items() if code not in (None, 0)]
     if failed:
         return {"job": "failed", "failed_node": failed[0], "reason": f"exit code {exits[failed[0]]}"}
     if all(code == 0 for code in exits.values()):
         return {"job": "succeeded"}
-    for node in (n for n, code in exits.items() if code is None):
-        beat = _read_int(shared_dir / f"heartbeat-{node}")
-        if beat is not None and now - beat > stale_after_s:
-            return {"job": "failed", "failed_node": node, "reason": f"no heartbeat for {now - beat:.0f} s"}
+    for node, status in statuses.items():
+        if status is None or exits[node] is not None:
+            continue
+        last = seen.get(node)
+        if last is None or last["beat"] != status.get("beat"):
+            seen[node] = {"beat": status.get("beat"), "since": now}
+        elif now - last["since"] > stale_after_s:
+            return {"job": "failed", "failed_node": node, "reason": f"no heartbeat for {now - last['since']:.0f} s"}
     return {"job": "running"}
 
 
 def poll(args: argparse.Namespace) -> int:
     pgid = _read_int(args.node_dir / "pgid")
     exit_code = _read_int(args.node_dir / "exit")
+    seen_file = args.node_dir / "heartbeats-seen.json"
+    try:
+        seen = json.loads(seen_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        seen = {}
+    state = job_state(args.shared_dir, args.nodes.split(","), args.stale_after, time.time(), seen)
+    seen_file.write_text(json.dumps(seen))
     report: dict[str, object] = {
         "node": args.node,
         "node_state": "exited" if exit_code is not None else "running" if pgid else "not started",
         "exit_code": exit_code,
-        **job_state(args.shared_dir, args.nodes.split(","), args.stale_after, time.time()),
+        **state,
     }
     if args.metrics:
         report["metrics"] = _last_line(args.metrics)
