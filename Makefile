@@ -57,11 +57,12 @@ molecule-all: setup test-hosts ## Run the scenarios of every role
 	  echo "== molecule: $$role"; $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
-test: setup ## Everything CI runs: lint, unit, every role's molecule scenarios (each stage timed)
+test: setup ## Everything CI runs: lint, unit, every role's molecule scenarios, e2e on the lab (each stage timed)
 	tests/stage.sh lint $(MAKE) --no-print-directory lint
 	tests/stage.sh unit $(MAKE) --no-print-directory unit
 	tests/stage.sh molecule $(MAKE) --no-print-directory molecule-all
 	molecule/cleanup.sh
+	tests/stage.sh e2e $(MAKE) --no-print-directory e2e
 
 clean-test-hosts: ## Remove any test host or test network left behind
 	molecule/cleanup.sh

@@ -2,9 +2,27 @@
 DDP_E2E_KEEP_LAB=1 leaves it running afterwards, and a lab left running that way is reused."""
 
 import os
+import subprocess
+from dataclasses import dataclass
 
 import pytest
-from lab import INVENTORY, LAB_SH, NODES, lab, on, site, train
+from lab import (
+    INVENTORY,
+    JOB,
+    LAB_SH,
+    NODES,
+    RESTART_AFTER_STEP,
+    SERVER,
+    STEPS,
+    BackgroundTraining,
+    Training,
+    job_runs,
+    lab,
+    newest_step,
+    on,
+    site,
+    wait_for_step,
+)
 
 KEEP = os.environ.get("DDP_E2E_KEEP_LAB") == "1"
 
@@ -32,8 +50,23 @@ def site_runs(lab_up):
     return first, second
 
 
+@dataclass
+class FaultedTraining:
+    """One `make train` across both VMs during which the NFS server was restarted."""
+
+    training: Training
+    restart: subprocess.CompletedProcess[str]
+    step_at_restart: int
+
+
 @pytest.fixture(scope="session")
-def first_training(site_runs):
+def training(site_runs):
     first, _ = site_runs
     assert first.rc == 0, f"site.yml failed, nothing to train on:\n{first.output[-3000:]}"
-    return train("RESUME=never")
+    earlier_runs = job_runs(JOB)
+    run = BackgroundTraining("RESUME=never", f"EXTRA_VARS=train_steps={STEPS}")
+    # Past the step-10 checkpoint (the lab saves every 10 steps), well before the end.
+    this_run = wait_for_step(JOB, RESTART_AFTER_STEP, 900, earlier_runs, run)
+    step_at_restart = newest_step(JOB, this_run)
+    restart = on(SERVER, "systemctl restart nfs-server && systemctl is-active nfs-server")
+    return FaultedTraining(run.wait(timeout=1200), restart, step_at_restart)

@@ -22,6 +22,11 @@ ARTIFACTS = ROOT / "artifacts"
 LAB_SET = "lab"
 NODES = ("lab-node0", "lab-node1")
 SERVER, CLIENT = NODES
+# train_job_name in the lab's inventory (tests/lab/lab.sh): checkpoints in /data/ddp/<job>/checkpoints.
+JOB = "lab"
+# The e2e run: this many steps, with the NFS server restarted after the step-10 checkpoint.
+STEPS = 30
+RESTART_AFTER_STEP = 13
 RECAP_LINE = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
 
@@ -107,6 +112,9 @@ class BackgroundTraining:
     def _run(self, *make_args: str) -> None:
         self.training = train(*make_args)
 
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def wait(self, timeout: float) -> Training:
         self._thread.join(timeout=timeout)
         assert not self._thread.is_alive(), f"the training run did not end within {timeout:.0f} s"
@@ -114,21 +122,28 @@ class BackgroundTraining:
         return self.training
 
 
-def newest_step(job: str) -> int:
-    """The last step rank 0 logged for a job, read from the NFS share on the server (0 before the first)."""
-    probe = on(
-        SERVER,
-        f"cat $(ls -td /data/ddp/{job}/runs/*/ 2>/dev/null | head -1)metrics.jsonl 2>/dev/null | tail -1",
-    )
+def job_runs(job: str) -> set[str]:
+    """The run directories a job has on the NFS share (read on the server)."""
+    listing = on(SERVER, f"ls /data/ddp/{job}/runs 2>/dev/null")
+    return set(listing.stdout.split())
+
+
+def newest_step(job: str, run: str) -> int:
+    """The last step rank 0 logged in one run of a job, read from the NFS share (0 before the first)."""
+    probe = on(SERVER, f"tail -1 /data/ddp/{job}/runs/{run}/metrics.jsonl 2>/dev/null")
     try:
         return int(json.loads(probe.stdout)["step"])
     except (ValueError, KeyError):
         return 0
 
 
-def wait_for_step(job: str, step: int, timeout: float, still_running: BackgroundTraining) -> None:
+def wait_for_step(job: str, step: int, timeout: float, earlier_runs: set[str], run: BackgroundTraining) -> str:
+    """Until the run that is not among earlier_runs logged step; returns that run's name."""
     deadline = time.monotonic() + timeout
-    while newest_step(job) < step:
-        assert still_running._thread.is_alive(), "the run ended before the fault could be injected"
+    while True:
+        assert run.running(), "the run ended before the fault could be injected"
         assert time.monotonic() < deadline, f"{job} did not reach step {step} within {timeout:.0f} s"
+        new = sorted(job_runs(job) - earlier_runs)
+        if new and newest_step(job, new[-1]) >= step:
+            return new[-1]
         time.sleep(3)

@@ -91,7 +91,26 @@ train_image: ddp-train:cpu
 train_image_variant: cpu
 train_job_name: lab
 train_config: /opt/ddp/train/configs/cpu-smoke.yaml
-train_steps: ${DDP_LAB_STEPS:-20}
+train_steps: ${DDP_LAB_STEPS:-30}
+# The smoke config with a narrower network and smaller batches (a step takes ~0.6 s instead of ~5 s under TCG),
+# and a checkpoint every 10 steps, so a fault mid-run always has a saved checkpoint behind it.
+train_program_args:
+  - --config
+  - "{{ train_config }}"
+  - --steps
+  - "{{ train_steps }}"
+  - --checkpoint-dir
+  - "{{ train_checkpoint_dir }}"
+  - --output-dir
+  - "{{ train_output_dir }}"
+  - --resume
+  - "{{ train_resume }}"
+  - --checkpoint-every
+  - "10"
+  - --set
+  - model.width=8
+  - --set
+  - data.batch_size=16
 train_cpu_nproc_per_node: 1
 train_poll_interval_s: 3
 # Everything is ~30x slower under TCG: give a node more time before its silence counts as a failure.
