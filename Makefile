@@ -19,7 +19,7 @@ EXTRA_VARS ?=
 ROLE ?=
 # Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
-MOLECULE_ROLES ?= ssh_mesh firewall nfs_client gpu_stack docker train_image train
+MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
 .PHONY: help setup lint unit molecule molecule-all test-hosts test train bench-comm clean-test-hosts lab lab-down e2e
 

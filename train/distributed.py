@@ -164,7 +164,9 @@ def print0(*args: Any, **kwargs: Any) -> None:
 
 def print_all(*args: Any) -> None:
     """print on every rank, prefixed with the rank, to stderr, flushed."""
-    print(f"[rank {rank()}]", *args, file=sys.stderr, flush=True)
+    # One write per line: ranks share the same stderr, and print() writes the text and the newline apart.
+    sys.stderr.write(" ".join([f"[rank {rank()}]", *map(str, args)]) + "\n")
+    sys.stderr.flush()
 
 
 def warn0(message: str) -> None:

@@ -36,7 +36,16 @@ LOOPBACK = {
     "train_env": {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"},
 }
 # Tasks of the stages after the preflight: none may start.
-LATER_STAGES = ("PLAY [SSH mesh", "TASK [ssh_mesh", "TASK [firewall", "TASK [nfs_", "TASK [docker", "TASK [train_image")
+LATER_STAGES = (
+    "PLAY [Extra certificate",
+    "TASK [ca_trust",
+    "PLAY [SSH mesh",
+    "TASK [ssh_mesh",
+    "TASK [firewall",
+    "TASK [nfs_",
+    "TASK [docker",
+    "TASK [train_image",
+)
 RECAP_LINE = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", re.MULTILINE)
 
 
