@@ -54,7 +54,7 @@ molecule: setup test-hosts ## Run every scenario of one role: make molecule ROLE
 
 molecule-all: setup test-hosts ## Run the scenarios of every role
 	@for role in $(MOLECULE_ROLES); do \
-	  echo "== molecule: $$role"; $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
+	  tests/stage.sh "molecule $$role" $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
 test: setup ## Everything CI runs: lint, unit, every role's molecule scenarios, e2e on the lab (each stage timed)

@@ -98,8 +98,10 @@ bake_images() {
   local sock="$run_dir/docker.sock"
   [ -x "$rootfs/usr/sbin/dockerd" ] || fail "DDP_VM_DOCKER_ARCHIVES needs docker.io in DDP_VM_EXTRA_PACKAGES"
   command -v dockerd >/dev/null || fail "DDP_VM_DOCKER_ARCHIVES needs dockerd on this host (tests/host/ensure-docker.sh)"
-  dockerd --data-root "$data" --exec-root "$run_dir/exec" --pidfile "$run_dir/pid" -H "unix://$sock" \
-    --bridge none --iptables=false --ip6tables=false --storage-driver overlay2 >>"$log" 2>&1 &
+  # In a network namespace of its own: this daemon must not touch the host's docker0 or firewall (with
+  # --bridge none, dockerd deletes docker0 from the namespace it runs in).
+  unshare --net -- dockerd --data-root "$data" --exec-root "$run_dir/exec" --pidfile "$run_dir/pid" \
+    -H "unix://$sock" --iptables=false --ip6tables=false --storage-driver overlay2 >>"$log" 2>&1 &
   bake_pid=$!
   for _ in $(seq 60); do docker -H "unix://$sock" info >/dev/null 2>&1 && break; sleep 1; done
   for archive in "${archives[@]}"; do
