@@ -16,8 +16,9 @@ spec.loader.exec_module(ddp_node)
 NODES = ["node0", "node1"]
 
 
-def write_status(directory, node, beat, exit_code=None):
-    (directory / f"status-{node}.json").write_text(json.dumps({"beat": beat, "exit_code": exit_code}))
+def write_status(directory, node, beat, exit_code=None, ended=None, stopped=False):
+    status = {"beat": beat, "exit_code": exit_code, "ended": ended, "stopped": stopped}
+    (directory / f"status-{node}.json").write_text(json.dumps(status))
 
 
 def test_running_while_no_node_has_exited(tmp_path):
@@ -32,6 +33,32 @@ def test_failed_names_the_node_with_a_nonzero_exit(tmp_path):
     state = ddp_node.job_state(tmp_path, NODES, 30, time.time(), {})
     assert state["job"] == "failed"
     assert state["failed_node"] == "node1"
+
+
+def test_of_failures_seen_in_one_poll_the_first_to_end_is_the_cause(tmp_path):
+    # node1 was killed; node0 lost its peer and exited with an error a moment later: both seen in one poll.
+    write_status(tmp_path, "node0", beat=-1, exit_code=1, ended=1000.8)
+    write_status(tmp_path, "node1", beat=-1, exit_code=137, ended=1000.1)
+    state = ddp_node.job_state(tmp_path, NODES, 30, 1003.0, {})
+    assert (state["failed_node"], state["reason"]) == ("node1", "exit code 137")
+
+
+def test_the_cause_is_the_first_to_end_even_when_seen_last(tmp_path):
+    # node0's own failure is visible to its poller at once, node1's only after NFS's attribute cache expires.
+    seen = {}
+    write_status(tmp_path, "node0", beat=-1, exit_code=1, ended=1000.8)
+    write_status(tmp_path, "node1", beat=3)
+    assert ddp_node.job_state(tmp_path, NODES, 30, 1001.0, seen)["failed_node"] == "node0"
+    write_status(tmp_path, "node1", beat=-1, exit_code=137, ended=1000.1)
+    assert ddp_node.job_state(tmp_path, NODES, 30, 1004.0, seen)["failed_node"] == "node1"
+
+
+def test_a_node_the_play_stopped_is_never_the_cause(tmp_path):
+    write_status(tmp_path, "node0", beat=-1, exit_code=-15, ended=1000.0, stopped=True)
+    write_status(tmp_path, "node1", beat=-1, exit_code=1, ended=1002.0)
+    assert ddp_node.job_state(tmp_path, NODES, 30, 1003.0, {})["failed_node"] == "node1"
+    write_status(tmp_path, "node1", beat=-1, exit_code=-15, ended=1002.0, stopped=True)
+    assert ddp_node.job_state(tmp_path, NODES, 30, 1003.0, {}) == {"job": "stopped"}
 
 
 def test_a_node_whose_heartbeat_stopped_counts_as_failed(tmp_path):
@@ -85,9 +112,11 @@ def test_launch_poll_and_stop_leave_nothing_behind(tmp_path):
     assert launcher.wait(timeout=10) != 0
     assert subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, check=False).returncode == 1
 
+    # The play ended it, not a fault: the job reads as stopped, never as failed on this node.
     poll = run_runner("poll", *common, "--nodes", "node0")
     assert poll.returncode == 1
-    assert json.loads(poll.stdout)["job"] == "failed"
+    assert json.loads(poll.stdout)["job"] == "stopped"
+    assert json.loads((shared / "status-node0.json").read_text())["stopped"] is True
 
 
 def test_rendezvous_check_refuses_a_taken_port():

@@ -7,7 +7,8 @@
         the end. Exits with COMMAND's exit code.
     ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
         Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
-        "failed") with the failed node's name, and the latest metrics line when FILE exists here.
+        "failed" with the name of the node that failed first, or "stopped": every node ended by `stop`), and the
+        latest metrics line when FILE exists here.
         Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
         `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
         S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
@@ -17,7 +18,8 @@
         retrying until the timeout. Proves the port is free and reachable through every firewall on the way.
     ddp_node.py stop --node-dir D [--grace S] [--container NAME]
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period) and the container,
-        and reports whether anything of the run is left.
+        and reports whether anything of the run is left. The node's status then records that the play, not a
+        fault, ended it.
 
 Standard library only: nodes need nothing but the python3 that Ansible already uses.
 """
@@ -62,15 +64,20 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
     code = child.wait()
     done.set()
     beater.join()
-    _write_status(status, beat=-1, exit_code=code)
+    # An exit the play caused (stop) is never the cause of a failure, only its consequence.
+    stopped = (node_dir / "stopping").exists()
+    _write_status(status, beat=-1, exit_code=code, ended=time.time(), stopped=stopped)
     (node_dir / "exit").write_text(f"{code}\n")
     return code
 
 
-def _write_status(path: Path, beat: int, exit_code: int | None) -> None:
+def _write_status(
+    path: Path, beat: int, exit_code: int | None, ended: float | None = None, stopped: bool = False
+) -> None:
     # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
     # while a file created later can stay hidden behind a cached negative lookup for up to a minute.
-    path.write_text(json.dumps({"beat": beat, "exit_code": exit_code}) + "\n")
+    status = {"beat": beat, "exit_code": exit_code, "ended": ended, "stopped": stopped}
+    path.write_text(json.dumps(status) + "\n")
 
 
 def _read_status(path: Path) -> dict[str, Any] | None:
@@ -123,11 +130,14 @@ def job_state(
     last heartbeat count this poller saw and when it first saw it, by this poller's clock."""
     statuses = {node: _read_status(shared_dir / f"status-{node}.json") for node in nodes}
     exits = {node: status.get("exit_code") if status else None for node, status in statuses.items()}
-    failed = [node for node, code in exits.items() if code not in (None, 0)]
+    failed = [node for node, code in exits.items() if code not in (None, 0) and not statuses[node].get("stopped")]
     if failed:
-        return {"job": "failed", "failed_node": failed[0], "reason": f"exit code {exits[failed[0]]}"}
+        cause = _first_to_end(failed, statuses)
+        return {"job": "failed", "failed_node": cause, "reason": f"exit code {exits[cause]}"}
     if all(code == 0 for code in exits.values()):
         return {"job": "succeeded"}
+    if all(code is not None for code in exits.values()):
+        return {"job": "stopped"}
     for node, status in statuses.items():
         if status is None or exits[node] is not None:
             continue
@@ -137,6 +147,13 @@ def job_state(
         elif now - last["since"] > stale_after_s:
             return {"job": "failed", "failed_node": node, "reason": f"no heartbeat for {now - last['since']:.0f} s"}
     return {"job": "running"}
+
+
+def _first_to_end(failed: list[str], statuses: dict[str, Any]) -> str:
+    """The node whose failure broke the run. Once one node dies its peers fail too (a lost connection), often
+    before the first failure is visible on shared storage, so the order the poller sees them in proves
+    nothing; the nodes' own end times do (cluster clocks agree to far less than that gap)."""
+    return min(failed, key=lambda node: statuses[node].get("ended") or float("inf"))
 
 
 def poll(args: argparse.Namespace) -> int:
@@ -163,6 +180,7 @@ def poll(args: argparse.Namespace) -> int:
 
 def stop(args: argparse.Namespace) -> int:
     pgid = _read_int(args.node_dir / "pgid")
+    (args.node_dir / "stopping").touch()
     if args.container:
         subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
     stopped = False
