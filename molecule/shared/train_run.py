@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -60,6 +61,14 @@ def train(cancel: threading.Event | None = None, **extravars: Any) -> tuple[Any,
     )
     new = sorted(set(run_dirs()) - before)
     return runner, (new[-1] if new else None)
+
+
+def play_failure(output: str) -> str:
+    """What an assertion should show of a failed play: its fatal results (the train role's names the node and
+    tails its log), not the timing recap that ends the output."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    fatal = [block.split("\nPLAY RECAP")[0] for block in plain.split("\nfatal: ")[1:]]
+    return "\n".join(f"fatal: {block}" for block in fatal)[-6000:] if fatal else plain[-3000:]
 
 
 def node_exec(node: str, *command: str) -> subprocess.CompletedProcess[str]:

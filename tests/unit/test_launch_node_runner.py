@@ -119,6 +119,23 @@ def test_launch_poll_and_stop_leave_nothing_behind(tmp_path):
     assert json.loads((shared / "status-node0.json").read_text())["stopped"] is True
 
 
+def test_stop_also_kills_what_left_the_process_group(tmp_path):
+    # Like torchrun's ranks: a process in a session of its own, under a leader that ignores SIGTERM.
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    common = ["--node-dir", str(node_dir), "--shared-dir", str(shared), "--node", "node0"]
+    job = "trap '' TERM; setsid sleep 301 & wait"
+    launcher = subprocess.Popen([sys.executable, str(RUNNER), "launch", *common, "--", "sh", "-c", job])
+    deadline = time.monotonic() + 10
+    while not ddp_node._job_processes(node_dir) or len(ddp_node._job_processes(node_dir)) < 2:
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.1)
+    stop = run_runner("stop", "--node-dir", str(node_dir), "--grace", "1")
+    assert json.loads(stop.stdout) == {"stopped": True, "left_running": False}
+    launcher.wait(timeout=10)
+    assert ddp_node._job_processes(node_dir) == []
+    assert subprocess.run(["pgrep", "-f", "sleep 301"], capture_output=True, check=False).returncode == 1
+
+
 def test_rendezvous_check_refuses_a_taken_port():
     import socket
 

@@ -17,9 +17,9 @@
         is taken, otherwise accepts N peer connections within the timeout. On a peer: connects to A:P,
         retrying until the timeout. Proves the port is free and reachable through every firewall on the way.
     ddp_node.py stop --node-dir D [--grace S] [--container NAME]
-        Stops this node's process group (SIGTERM, then SIGKILL after the grace period) and the container,
-        and reports whether anything of the run is left. The node's status then records that the play, not a
-        fault, ended it.
+        Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
+        inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
+        anything of the run is left. The node's status then records that the play, not a fault, ended it.
 
 Standard library only: nodes need nothing but the python3 that Ansible already uses.
 """
@@ -27,6 +27,7 @@ Standard library only: nodes need nothing but the python3 that Ansible already u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 HEARTBEAT_EVERY_S = 5.0
+JOB_TAG_VAR = "DDP_NODE_JOB"
 
 
 def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> int:
@@ -46,8 +48,11 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
     shared_dir.mkdir(parents=True, exist_ok=True)
     status = shared_dir / f"status-{node}.json"
     _write_status(status, beat=0, exit_code=None)
+    # Every process of the job inherits the tag, also those that leave the group: torchrun starts each rank in
+    # a session of its own, so a torchrun killed mid-restart would otherwise leave its ranks running.
+    env = {**os.environ, JOB_TAG_VAR: _job_tag(node_dir)}
     with (node_dir / "node.log").open("ab") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     (node_dir / "pgid").write_text(f"{child.pid}\n")
     done = threading.Event()
 
@@ -98,6 +103,38 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 def _group_alive(pgid: int) -> bool:
     return _signal_group(pgid, 0)
+
+
+def _job_tag(node_dir: Path) -> str:
+    return str(node_dir.resolve())
+
+
+def _job_processes(node_dir: Path) -> list[int]:
+    """The pids whose environment carries this job's tag (a zombie's environment reads empty)."""
+    marker = f"{JOB_TAG_VAR}={_job_tag(node_dir)}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or another user's
+        if marker in environ.split(b"\0"):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _job_alive(node_dir: Path, pgid: int | None) -> bool:
+    return bool(pgid and _group_alive(pgid)) or bool(_job_processes(node_dir))
+
+
+def _kill_job(node_dir: Path, pgid: int | None, sig: int) -> None:
+    if pgid:
+        _signal_group(pgid, sig)
+    for pid in _job_processes(node_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def _read_int(path: Path) -> int | None:
@@ -184,16 +221,20 @@ def stop(args: argparse.Namespace) -> int:
     if args.container:
         subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
     stopped = False
-    if pgid and _group_alive(pgid):
-        _signal_group(pgid, signal.SIGTERM)
+    if _job_alive(args.node_dir, pgid):
+        # torchrun first, so that it stops its ranks itself; whatever is left after the grace period is killed.
+        if pgid:
+            _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + args.grace
-        while _group_alive(pgid) and time.monotonic() < deadline:
+        while _job_alive(args.node_dir, pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _group_alive(pgid):
-            _signal_group(pgid, signal.SIGKILL)
+        if _job_alive(args.node_dir, pgid):
+            _kill_job(args.node_dir, pgid, signal.SIGTERM)
+            time.sleep(1)
+            _kill_job(args.node_dir, pgid, signal.SIGKILL)
             time.sleep(0.5)
         stopped = True
-    left = bool(pgid and _group_alive(pgid))
+    left = _job_alive(args.node_dir, pgid)
     print(json.dumps({"stopped": stopped, "left_running": left}))
     return 1 if left else 0
 

@@ -3,7 +3,18 @@
 import subprocess
 
 import pytest
-from train_run import Background, break_a_run, manifest_check, metrics, node_exec, run_dirs, summary, train, wait_for
+from train_run import (
+    Background,
+    break_a_run,
+    manifest_check,
+    metrics,
+    node_exec,
+    play_failure,
+    run_dirs,
+    summary,
+    train,
+    wait_for,
+)
 
 NODES = ("train-node0", "train-node1")
 
@@ -42,7 +53,7 @@ def test_nothing_left_running_after_the_run(converge_run):
 def test_second_run_resumes_after_the_first(converge_run):
     first_last_step = metrics(converge_run)[-1]["step"]
     runner, run_dir = train(train_resume="auto", train_steps=6)
-    assert runner.rc == 0, runner.stdout.read()[-3000:]
+    assert runner.rc == 0, play_failure(runner.stdout.read())
     assert metrics(run_dir)[0]["step"] == first_last_step + 1
 
 
@@ -74,7 +85,7 @@ def test_a_killed_rank_is_restarted_and_the_job_finishes_from_its_checkpoint():
     # The rank (torchrun starts it as `python -u train.py`), not torchrun, whose command line names train.py too.
     node_exec("train-node1", "pkill", "-KILL", "-f", " -u .*train/train.py")
     run.wait(timeout=600)
-    assert run.runner.rc == 0, run.runner.stdout.read()[-3000:]
+    assert run.runner.rc == 0, play_failure(run.runner.stdout.read())
     # summary.json is the last attempt's: it started from a checkpoint and reached the target.
     assert summary(run.run_dir)["resumed_from_step"] >= 10
     steps = [m["step"] for m in metrics(run.run_dir)]
@@ -89,12 +100,12 @@ def test_a_stopped_node_fails_the_play_and_a_rerun_resumes_from_the_last_checkpo
         run.wait(timeout=300)
         output = run.runner.stdout.read()
         assert run.runner.rc != 0
-        assert "failed on node train-node1" in output, output[-3000:]
+        assert "failed on node train-node1" in output, play_failure(output)
         assert leftovers("train-node0") == ""
     finally:
         subprocess.run(["docker", "start", "train-node1"], check=True, capture_output=True)
         node_exec("train-node1", "systemctl", "is-system-running", "--wait")
     last_saved = max(checkpoints("stopped"))
     runner, run_dir = train(train_job_name="stopped", train_steps=5, train_program_args=SLOW_ARGS)
-    assert runner.rc == 0, runner.stdout.read()[-3000:]
+    assert runner.rc == 0, play_failure(runner.stdout.read())
     assert metrics(run_dir)[0]["step"] == last_saved + 1

@@ -4,7 +4,7 @@ import json
 import subprocess
 
 import pytest
-from train_run import break_a_run, manifest_check, metrics, node_exec, summary, train
+from train_run import break_a_run, manifest_check, metrics, node_exec, play_failure, summary, train
 
 NODES = ("img-node0", "img-node1")
 IMAGE = "ddp-train:cpu"
@@ -42,7 +42,7 @@ def test_image_runs_as_a_non_root_user():
 @pytest.fixture(scope="module")
 def docker_run():
     runner, run_dir = train(train_steps=30)
-    assert runner.rc == 0, runner.stdout.read()[-4000:]
+    assert runner.rc == 0, play_failure(runner.stdout.read())
     assert run_dir is not None
     return run_dir
 
@@ -68,6 +68,6 @@ def test_no_container_left_after_the_run(docker_run):
 def test_a_failed_nodes_container_is_removed_and_the_play_names_it():
     broken = break_a_run("img-node1", ("sh", "-c", "docker kill $(docker ps -q --filter name=ddp-)"))
     assert broken.rc != 0
-    assert "failed on node img-node1" in broken.output, broken.output[-3000:]
+    assert "failed on node img-node1" in broken.output, play_failure(broken.output)
     for node in NODES:
         assert run_containers(node) == "", f"{node} still has {run_containers(node)}"
