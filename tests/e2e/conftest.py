@@ -2,26 +2,22 @@
 DDP_E2E_KEEP_LAB=1 leaves it running afterwards, and a lab left running that way is reused."""
 
 import os
-import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from lab import (
     INVENTORY,
-    JOB,
     LAB_SH,
     NODES,
-    RESTART_AFTER_STEP,
-    SERVER,
     STEPS,
-    BackgroundTraining,
     Training,
-    job_runs,
+    arm_nfs_restart,
     lab,
-    newest_step,
+    nfs_restart_outcome,
     on,
     site,
-    wait_for_step,
+    train,
 )
 
 KEEP = os.environ.get("DDP_E2E_KEEP_LAB") == "1"
@@ -55,18 +51,14 @@ class FaultedTraining:
     """One `make train` across both VMs during which the NFS server was restarted."""
 
     training: Training
-    restart: subprocess.CompletedProcess[str]
-    step_at_restart: int
+    # What tests/e2e/nfs_restart_watch.py recorded on the server.
+    restart: dict[str, Any]
 
 
 @pytest.fixture(scope="session")
 def training(site_runs):
     first, _ = site_runs
     assert first.rc == 0, f"site.yml failed, nothing to train on:\n{first.output[-3000:]}"
-    earlier_runs = job_runs(JOB)
-    run = BackgroundTraining("RESUME=never", f"EXTRA_VARS=train_steps={STEPS}")
-    # Past the step-10 checkpoint (the lab saves every 10 steps), well before the end.
-    this_run = wait_for_step(JOB, RESTART_AFTER_STEP, 900, earlier_runs, run)
-    step_at_restart = newest_step(JOB, this_run)
-    restart = on(SERVER, "systemctl restart nfs-server && systemctl is-active nfs-server")
-    return FaultedTraining(run.wait(timeout=1200), restart, step_at_restart)
+    arm_nfs_restart()
+    run = train("RESUME=never", f"EXTRA_VARS=train_steps={STEPS}")
+    return FaultedTraining(run, nfs_restart_outcome())

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +23,15 @@ NODES = ("lab-node0", "lab-node1")
 SERVER, CLIENT = NODES
 # train_job_name in the lab's inventory (tests/lab/lab.sh): checkpoints in /data/ddp/<job>/checkpoints.
 JOB = "lab"
-# The e2e run: this many steps, with the NFS server restarted after the step-10 checkpoint.
+# The e2e run: this many steps, with the NFS server restarted once the step-10 checkpoint is on it (the lab
+# saves every 10 steps), well before the end.
 STEPS = 30
-RESTART_AFTER_STEP = 13
+RESTART_AT_CHECKPOINT = 10
+CHECKPOINTS = f"/data/ddp/{JOB}/checkpoints"
+# On the server's own disk, not on the share.
+WATCHER = "/root/nfs_restart_watch.py"
+WATCHER_RESULT = "/root/nfs-restart.json"
+WATCHER_UNIT = "ddp-e2e-nfs-restart"
 RECAP_LINE = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
 
@@ -63,10 +68,11 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     }
 
 
-def on(node: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def on(node: str, command: str, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """A shell command on one lab VM, as root."""
     return subprocess.run(
         [str(VMCTL), "ssh", LAB_SET, node, command],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -101,49 +107,22 @@ def train(*make_args: str, timeout: float = 1800) -> Training:
     return Training(result, new[-1] if new else None)
 
 
-class BackgroundTraining:
-    """train() on a thread, so that a test can act on the VMs while the job runs."""
-
-    def __init__(self, *make_args: str) -> None:
-        self.training: Training | None = None
-        self._thread = threading.Thread(target=self._run, args=make_args)
-        self._thread.start()
-
-    def _run(self, *make_args: str) -> None:
-        self.training = train(*make_args)
-
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def wait(self, timeout: float) -> Training:
-        self._thread.join(timeout=timeout)
-        assert not self._thread.is_alive(), f"the training run did not end within {timeout:.0f} s"
-        assert self.training is not None
-        return self.training
+def arm_nfs_restart(timeout_s: float = 1500) -> None:
+    """Starts tests/e2e/nfs_restart_watch.py on the NFS server, detached: it restarts nfs-server as soon as
+    this job's first new checkpoint of step RESTART_AT_CHECKPOINT or later is on the export."""
+    on(SERVER, f"systemctl stop {WATCHER_UNIT} 2>/dev/null; rm -f {WATCHER_RESULT}")
+    script = (Path(__file__).parent / "nfs_restart_watch.py").read_text()
+    copied = on(SERVER, f"cat > {WATCHER}", stdin=script)
+    assert copied.returncode == 0, copied.stderr
+    args = f"{WATCHER} {CHECKPOINTS} {RESTART_AT_CHECKPOINT} {WATCHER_RESULT} {timeout_s:.0f}"
+    armed = on(SERVER, f"systemd-run --quiet --collect --unit={WATCHER_UNIT} python3 {args}")
+    assert armed.returncode == 0, armed.stdout + armed.stderr
 
 
-def job_runs(job: str) -> set[str]:
-    """The run directories a job has on the NFS share (read on the server)."""
-    listing = on(SERVER, f"ls /data/ddp/{job}/runs 2>/dev/null")
-    return set(listing.stdout.split())
-
-
-def newest_step(job: str, run: str) -> int:
-    """The last step rank 0 logged in one run of a job, read from the NFS share (0 before the first)."""
-    probe = on(SERVER, f"tail -1 /data/ddp/{job}/runs/{run}/metrics.jsonl 2>/dev/null")
-    try:
-        return int(json.loads(probe.stdout)["step"])
-    except (ValueError, KeyError):
-        return 0
-
-
-def wait_for_step(job: str, step: int, timeout: float, earlier_runs: set[str], run: BackgroundTraining) -> str:
-    """Until the run that is not among earlier_runs logged step; returns that run's name."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert run.running(), "the run ended before the fault could be injected"
-        assert time.monotonic() < deadline, f"{job} did not reach step {step} within {timeout:.0f} s"
-        new = sorted(job_runs(job) - earlier_runs)
-        if new and newest_step(job, new[-1]) >= step:
-            return new[-1]
-        time.sleep(3)
+def nfs_restart_outcome() -> dict[str, Any]:
+    """What the watcher did; stops it first, so that it cannot fire later."""
+    on(SERVER, f"systemctl stop {WATCHER_UNIT} 2>/dev/null")
+    result = on(SERVER, f"cat {WATCHER_RESULT}")
+    if result.returncode != 0:
+        return {"error": "the watcher never fired (no new checkpoint reached the server)"}
+    return json.loads(result.stdout)

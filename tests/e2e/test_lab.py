@@ -6,9 +6,7 @@ one matches the one on NFS. Tests share one lab and one training run (tests/e2e/
 import hashlib
 import subprocess
 
-from lab import CLIENT, JOB, NODES, STEPS, on, recap
-
-CHECKPOINTS = f"/data/ddp/{JOB}/checkpoints"
+from lab import CHECKPOINTS, CLIENT, NODES, STEPS, on, recap
 
 
 def test_site_converges(site_runs):
@@ -38,10 +36,12 @@ def test_training_spans_both_vms_and_loss_falls(training):
 
 
 def test_nfs_server_restart_mid_run_neither_stops_nor_rewinds_the_job(training):
-    assert training.restart.returncode == 0, training.restart.stdout + training.restart.stderr
+    restart = training.restart
+    assert restart.get("restart_rc") == 0, restart
+    # The server went down after the step-10 checkpoint and was back before the job's last one.
+    assert 0 < restart["checkpoint_step_at_restart"] <= restart["newest_checkpoint_step_after_restart"] < STEPS
     assert training.training.result.rc == 0, training.training.result.output[-4000:]
     steps = [m["step"] for m in training.training.metrics()]
-    assert 0 < training.step_at_restart < STEPS, training.step_at_restart
     # The hard mount held the writes until the server was back: every step once, in order.
     assert steps == list(range(1, STEPS + 1)), steps
 
