@@ -14,8 +14,8 @@ export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 
 INVENTORY ?= inventory/local
 RESUME ?= auto
-# More playbook variables for `make train`, space-separated KEY=VALUE: make train EXTRA_VARS="train_steps=500"
-EXTRA_VARS ?=
+# More playbook variables for `make train`, as ansible-playbook -e takes them: EXTRA_VARS="train_steps=500",
+# EXTRA_VARS='{"train_program_args": ["a", "b"]}' or EXTRA_VARS=@vars.yml
 ROLE ?=
 # Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
@@ -67,8 +67,12 @@ test: setup ## Everything CI runs: lint, unit, every role's molecule scenarios, 
 clean-test-hosts: ## Remove any test host or test network left behind
 	molecule/cleanup.sh
 
-train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
-	$(BIN)/python ansible/run_training.py --inventory $(INVENTORY) --resume $(RESUME) $(addprefix -e ,$(EXTRA_VARS))
+# PROGRAM, ARGS, WORKDIR, JOB and EXTRA_VARS reach the recipe through the environment (make exports what the
+# command line sets), so that quotes, spaces and JSON in them arrive untouched.
+train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB]
+	$(BIN)/python ansible/run_training.py --inventory "$(INVENTORY)" --resume "$(RESUME)" \
+	  $${PROGRAM:+--program "$$PROGRAM"} $${ARGS:+--args "$$ARGS"} $${WORKDIR:+--workdir "$$WORKDIR"} \
+	  $${JOB:+--job "$$JOB"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
 
 bench-comm: setup ## Allreduce benchmark with 2 local processes
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py

@@ -1,6 +1,12 @@
 """`make train`: runs ansible/playbooks/train.yml through ansible-runner and shows the job, not the play.
 
-    python ansible/run_training.py [--inventory inventory/local] [--resume auto|never] [-e KEY=VALUE ...]
+    python ansible/run_training.py [--inventory inventory/local] [--resume auto|never]
+        [--program path/to/script.py [--args '5 1 --batch_size 32'] [--workdir DIR] [--job NAME]]
+        [--extra-vars VARS ...]
+
+--program ships the controller's DIR (default: the program's directory) to shared storage and runs the
+program from there with exactly --args; --extra-vars takes what `ansible-playbook -e` takes (KEY=VALUE pairs,
+JSON or YAML, @file).
 
 Prints one line per stage, a progress line from rank 0's metrics at every poll, the failing node's log tail
 when the run fails, and the closing summary. The full Ansible output is kept in
@@ -12,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -24,14 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
 POLL_TASK = "Wait for the job"
 SUMMARY_TASK = "Summarise the run"
+PACK_TASK = "Pack train_workdir on the controller"
 # The tasks worth a line of their own: the run's stages, in the order they happen.
 MILESTONES = {
-    "Check the training group and its master": "checking the inventory",
+    "Refuse train_* variables that no role declares": "checking the inventory",
     "Compare the GPU stack versions (and torch's view inside the image with the docker runtime)": (
         "checking driver, CUDA and NCCL versions agree"
     ),
     "Check train_nproc_per_node on each host": "preflight on every node",
     "Check the rendezvous port is free on the master and reachable from every node": "rendezvous check",
+    "Unpack the working directory into it": "shipping the working directory to shared storage",
     "Start torchrun on every node": "starting torchrun on every node",
     "Stop whatever is left of the run on this node": "stopping the run everywhere",
     "Make the artifacts directory on the controller": "collecting checkpoints, metrics and logs",
@@ -58,6 +68,7 @@ class Printer:
 
     def __init__(self) -> None:
         self.run_id: str | None = None
+        self.last_progress: dict[str, str] = {}
 
     def __call__(self, event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
@@ -67,7 +78,13 @@ class Printer:
         if kind == "playbook_on_task_start" and task in MILESTONES:
             print(f"- {MILESTONES[task]}", flush=True)
         elif kind in ("runner_retry", "runner_on_ok") and task.startswith(POLL_TASK):
-            self._progress(data.get("host", "?"), result)
+            self._progress(data.get("host", "?"), result, self.last_progress)
+        elif kind == "runner_on_ok" and task == PACK_TASK:
+            print(
+                f"  packed {result.get('files')} files, {result.get('bytes', 0) / 1e3:.1f} kB, "
+                f"sha256 {str(result.get('sha256'))[:12]}",
+                flush=True,
+            )
         elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
             self.run_id = result["ansible_facts"]["train_run_id"]
         elif kind == "runner_on_ok" and task.startswith(SUMMARY_TASK):
@@ -80,14 +97,16 @@ class Printer:
         return True
 
     @staticmethod
-    def _progress(host: str, result: dict[str, Any]) -> None:
+    def _progress(host: str, result: dict[str, Any], last: dict[str, str]) -> None:
         try:
             report = json.loads(result.get("stdout", ""))
         except json.JSONDecodeError:
             return
         if "metrics" in report:
             line = progress_line(host, report)
-            if line:
+            # One line per change: a poll that saw nothing new says nothing.
+            if line and line != last.get(host):
+                last[host] = line
                 print(line, flush=True)
 
 
@@ -95,23 +114,66 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inventory", default="inventory/local", help="inventory directory or file")
     parser.add_argument("--resume", default="auto", help="auto (newest valid checkpoint), never, or a path")
+    parser.add_argument("--program", type=Path, help="a script on this machine, shipped with its directory")
+    parser.add_argument("--args", default="", help="the program's arguments, split as a shell would")
+    parser.add_argument("--workdir", type=Path, help="the directory shipped (default: the program's)")
+    parser.add_argument("--job", help="job name (default: the workdir's name); its work dir persists across runs")
     parser.add_argument(
         "-e",
-        "--extra",
+        "--extra-vars",
         action="append",
         default=[],
-        metavar="KEY=VALUE",
-        help="extra variable for the playbook (repeatable)",
+        metavar="VARS",
+        help="as ansible-playbook -e: KEY=VALUE pairs, JSON or YAML, or @file (repeatable)",
     )
     return parser.parse_args(argv)
+
+
+class UsageError(ValueError):
+    """A command line that cannot name a program to ship."""
+
+
+def program_vars(program: Path, args: str, workdir: Path | None, job: str | None) -> dict[str, Any]:
+    """The playbook variables that ship `program` with its working directory and run it with exactly `args`."""
+    program = program.resolve()
+    workdir = (workdir or program.parent).resolve()
+    if not program.is_file():
+        raise UsageError(f"PROGRAM={program}: no such file")
+    if not program.is_relative_to(workdir):
+        raise UsageError(f"PROGRAM={program} is not inside WORKDIR={workdir}")
+    shipped = {
+        "train_workdir": str(workdir),
+        "train_program": str(program.relative_to(workdir)),
+        "train_job_name": job or re.sub(r"[^A-Za-z0-9._-]+", "-", workdir.name).strip(".-") or "job",
+    }
+    # Without ARGS the role's default for a shipped program (no arguments) or EXTRA_VARS decide: runner's
+    # extravars would win over EXTRA_VARS' train_program_args.
+    return shipped | ({"train_program_args": shlex.split(args)} if args else {})
+
+
+def extra_vars_cmdline(values: list[str]) -> str:
+    """ansible-playbook -e options, with @file made absolute (the playbook runs in another directory)."""
+    options = []
+    for value in values:
+        absolute = "@" + str(Path(value[1:]).resolve()) if value.startswith("@") else value
+        options += ["-e", shlex.quote(absolute)]
+    return " ".join(options)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     extravars: dict[str, Any] = {"train_resume": args.resume}
-    for item in args.extra:
-        key, _, value = item.partition("=")
-        extravars[key] = value
+    if args.program:
+        try:
+            extravars |= program_vars(args.program, args.args, args.workdir, args.job)
+        except UsageError as error:
+            print(f"make train: {error}", file=sys.stderr)
+            return 2
+    elif args.args or args.workdir:
+        print("make train: ARGS and WORKDIR go with PROGRAM=path/to/script.py", file=sys.stderr)
+        return 2
+    elif args.job:
+        extravars["train_job_name"] = args.job
     printer = Printer()
     with tempfile.TemporaryDirectory(prefix="ddp-runner-") as private_dir:
         run = ansible_runner.run(
@@ -120,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             playbook=str(PLAYBOOK),
             inventory=str((ROOT / args.inventory).resolve()),
             extravars=extravars,
+            cmdline=extra_vars_cmdline(args.extra_vars) or None,
             # ansible-playbook is the one installed beside this interpreter (the project's .venv).
             envvars={
                 "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -19,10 +20,14 @@ ROOT = Path(os.environ["DDP_REPO_ROOT"])
 INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
 # Where the scenario's inventory tells the train role to collect (train_artifacts_dir).
 ARTIFACTS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "artifacts"
+TUTORIAL = ROOT / "examples" / "ddp-tutorial"
 
 
 def run_dirs() -> list[Path]:
-    return sorted(p for p in ARTIFACTS.iterdir() if p.is_dir()) if ARTIFACTS.exists() else []
+    """The collected runs, oldest first (dot directories hold the shipped code's archives, not runs)."""
+    if not ARTIFACTS.exists():
+        return []
+    return sorted(p for p in ARTIFACTS.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -32,6 +37,21 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "metrics" / "summary.json").read_text())
+
+
+def node_logs(run_dir: Path) -> dict[str, str]:
+    """Each node's collected log, by node name."""
+    return {log.parent.name: log.read_text() for log in (run_dir / "logs").glob("*/node.log")}
+
+
+def tutorial_workdir(directory: Path, version: str) -> dict[str, Any]:
+    """A copy of the example tutorial script in directory, its sibling module printing `version` on import (a
+    code change between runs), and the playbook variables that ship and run it."""
+    if not directory.exists():
+        shutil.copytree(TUTORIAL, directory)
+    model = (TUTORIAL / "model.py").read_text()
+    (directory / "model.py").write_text(f'{model}\nprint("code version {version}", flush=True)\n')
+    return {"train_workdir": str(directory), "train_program": "main.py"}
 
 
 def manifest_check(run_dir: Path) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,10 @@
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
         anything of the run is left. The node's status then records that the play, not a fault, ended it.
+    ddp_node.py pack-changed --dir W --since FILE --out TAR [--glob G ...] [--max-bytes N]
+        Writes TAR with the files under W modified after FILE was (both stamped by the same file server, so the
+        nodes' clocks play no part) whose relative path matches a glob, newest first until N bytes; prints
+        {"files": [...], "bytes": N, "skipped": [...]}: what the program wrote in its work dir during the run.
 
 Standard library only: nodes need nothing but the python3 that Ansible already uses.
 """
@@ -28,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -270,6 +276,38 @@ def check_rendezvous(args: argparse.Namespace) -> int:
     return 1
 
 
+def changed_files(directory: Path, since: float, globs: list[str]) -> list[tuple[Path, int]]:
+    """(relative path, size) of the files under directory modified after `since` matching a glob, newest first."""
+    found = []
+    for path in directory.rglob("*"):
+        rel = path.relative_to(directory)
+        if path.is_symlink() or not path.is_file() or not any(fnmatch.fnmatch(str(rel), g) for g in globs):
+            continue
+        stat = path.stat()
+        if stat.st_mtime > since:
+            found.append((stat.st_mtime, rel, stat.st_size))
+    return [(rel, size) for _, rel, size in sorted(found, key=lambda item: item[0], reverse=True)]
+
+
+def pack_changed(args: argparse.Namespace) -> int:
+    if not args.since.exists():  # the run never started: it wrote nothing
+        print(json.dumps({"files": [], "bytes": 0, "skipped": []}))
+        return 0
+    since = args.since.stat().st_mtime
+    picked, skipped, total = [], [], 0
+    for rel, size in changed_files(args.dir, since, args.glob or ["*"]):
+        if total + size > args.max_bytes:
+            skipped.append(str(rel))
+            continue
+        picked.append(rel)
+        total += size
+    with tarfile.open(args.out, "w") as tar:
+        for rel in picked:
+            tar.add(args.dir / rel, arcname=str(rel), recursive=False)
+    print(json.dumps({"files": [str(rel) for rel in picked], "bytes": total, "skipped": skipped}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
@@ -290,13 +328,19 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--peers", type=int, default=0)
     check.add_argument("--timeout", type=float, default=20.0)
     sub.choices["stop"].add_argument("--container")
+    packer = sub.add_parser("pack-changed")
+    packer.add_argument("--dir", type=Path, required=True)
+    packer.add_argument("--since", type=Path, required=True)
+    packer.add_argument("--out", type=Path, required=True)
+    packer.add_argument("--glob", action="append")
+    packer.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
     if args.action == "launch":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error("launch needs a command after --")
         return launch(args.node_dir, args.shared_dir, args.node, command)
-    actions = {"poll": poll, "stop": stop, "check-rendezvous": check_rendezvous}
+    actions = {"poll": poll, "stop": stop, "check-rendezvous": check_rendezvous, "pack-changed": pack_changed}
     return actions[args.action](args)
 
 

@@ -9,10 +9,12 @@ from train_run import (
     manifest_check,
     metrics,
     node_exec,
+    node_logs,
     play_failure,
     run_dirs,
     summary,
     train,
+    tutorial_workdir,
     wait_for,
 )
 
@@ -57,6 +59,22 @@ def test_second_run_resumes_after_the_first(converge_run):
     assert metrics(run_dir)[0]["step"] == first_last_step + 1
 
 
+def test_own_script_resumes_from_its_snapshot_on_shared_storage_on_every_node(tmp_path):
+    shipped = tutorial_workdir(tmp_path / "tutorial", version="1")
+    runner, first = train(train_job_name="tutorial", train_program_args=["4", "2"], **shipped)
+    assert runner.rc == 0, play_failure(runner.stdout.read())
+    assert node_exec("train-node1", "test", "-s", "/data/ddp/tutorial/work/snapshot.pt").returncode == 0
+    assert "  work/snapshot.pt\n" in (first / "MANIFEST.sha256").read_text()
+
+    runner, second = train(train_job_name="tutorial", train_program_args=["6", "2"], **shipped)
+    assert runner.rc == 0, play_failure(runner.stdout.read())
+    # One rank per node: whichever node saved the snapshot as rank 0, the other read it from shared storage.
+    logs = node_logs(second)
+    assert set(logs) == set(NODES)
+    for node, log in logs.items():
+        assert "Resuming training from snapshot at epoch 4" in log, f"{node}:\n{log[-2000:]}"
+
+
 def test_killing_torchrun_on_one_node_fails_the_play_naming_it():
     broken = break_a_run("train-node1", ("pkill", "-KILL", "-f", "bin/torchrun"))
     assert broken.rc != 0
@@ -87,9 +105,14 @@ def test_a_killed_rank_is_restarted_and_the_job_finishes_from_its_checkpoint():
     run.wait(timeout=600)
     assert run.runner.rc == 0, play_failure(run.runner.stdout.read())
     # summary.json is the last attempt's: it started from a checkpoint and reached the target.
-    assert summary(run.run_dir)["resumed_from_step"] >= 10
+    resumed_from = summary(run.run_dir)["resumed_from_step"]
+    assert resumed_from >= 10
+    # The first attempt logged 1..k; the second redoes k's uncheckpointed steps: resumed_from+1..150.
     steps = [m["step"] for m in metrics(run.run_dir)]
-    assert sorted(set(steps)) == list(range(1, 151)), "steps lost or repeated across the restart"
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert steps[:restart] == list(range(1, restart + 1)), "steps lost or repeated before the restart"
+    assert steps[restart:] == list(range(resumed_from + 1, 151)), "steps lost or repeated after the restart"
+    assert resumed_from <= restart
 
 
 def test_a_stopped_node_fails_the_play_and_a_rerun_resumes_from_the_last_checkpoint():

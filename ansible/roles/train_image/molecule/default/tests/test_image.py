@@ -4,7 +4,18 @@ import json
 import subprocess
 
 import pytest
-from train_run import break_a_run, manifest_check, metrics, node_exec, play_failure, summary, train
+from train_run import (
+    ROOT,
+    break_a_run,
+    manifest_check,
+    metrics,
+    node_exec,
+    node_logs,
+    play_failure,
+    summary,
+    train,
+    tutorial_workdir,
+)
 
 NODES = ("img-node0", "img-node1")
 IMAGE = "ddp-train:cpu"
@@ -31,7 +42,9 @@ def test_image_labels_record_the_versions_inside():
         node_exec(NODES[1], "docker", "image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE).stdout
     )
     inside = json.loads(node_exec(NODES[1], "docker", "run", "--rm", "--network", "none", IMAGE).stdout)
-    assert labels["ddp.torch"] == inside["torch"] == "2.13.0+cpu"
+    requirements = (ROOT / "container/requirements-cpu.txt").read_text().splitlines()
+    pinned = next(line.split("==")[1] for line in requirements if line.startswith("torch=="))
+    assert labels["ddp.torch"] == inside["torch"] == pinned
     assert labels["ddp.variant"] == "cpu"
 
 
@@ -71,3 +84,14 @@ def test_a_failed_nodes_container_is_removed_and_the_play_names_it():
     assert "failed on node img-node1" in broken.output, play_failure(broken.output)
     for node in NODES:
         assert run_containers(node) == "", f"{node} still has {run_containers(node)}"
+
+
+def test_a_code_change_runs_in_the_same_image(tmp_path):
+    images = {node: image_id("docker", "exec", node) for node in NODES}
+    for version in ("1", "2"):
+        shipped = tutorial_workdir(tmp_path / "tutorial", version)
+        runner, run_dir = train(train_job_name="tutorial-docker", train_program_args=["2", "1"], **shipped)
+        assert runner.rc == 0, play_failure(runner.stdout.read())
+        for node, log in node_logs(run_dir).items():
+            assert f"code version {version}" in log, f"{node} did not run version {version}:\n{log[-2000:]}"
+    assert {node: image_id("docker", "exec", node) for node in NODES} == images

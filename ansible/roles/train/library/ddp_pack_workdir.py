@@ -1,0 +1,126 @@
+#!/usr/bin/python
+"""Ansible module: pack the user's working directory on the controller for shipping to the nodes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: ddp_pack_workdir
+short_description: Pack a directory into a content-addressed tar.gz, honouring .gitignore and .ddpignore
+description:
+  - Lists the files under I(src) that the ignore files at its root do not exclude (gitignore syntax; C(.git/)
+    and C(__pycache__/) are always left out), refuses a tree larger than I(max_bytes) naming its largest files,
+    and writes C(<dest_dir>/<sha256>.tar.gz), where the SHA-256 covers every file's relative path and content.
+  - Runs on the controller (delegate_to localhost). Needs the pathspec library, a dependency of the toolchain.
+options:
+  src: {description: Directory to pack., type: path, required: true}
+  dest_dir: {description: Directory for the archive., type: path, required: true}
+  max_bytes: {description: Largest total size of the packed files., type: int, required: true}
+  ignore_files: {description: Ignore files read at the root of src., type: list, elements: str,
+                 default: [.gitignore, .ddpignore]}
+"""
+
+RETURN = r"""
+sha256: {description: Content hash of the packed tree., type: str, returned: success}
+archive: {description: Path of the tar.gz., type: str, returned: success}
+files: {description: Number of files packed., type: int, returned: success}
+bytes: {description: Their total size., type: int, returned: success}
+"""
+
+ALWAYS_IGNORED = [".git/", "__pycache__/", "*.pyc"]
+
+
+class WorkdirError(ValueError):
+    """The directory cannot be shipped as it is."""
+
+
+def list_files(src: Path, ignore_files: list[str]) -> list[Path]:
+    """Relative paths of the files to ship, sorted."""
+    from pathspec import GitIgnoreSpec  # imported here so that the module's documentation loads without it
+
+    if not src.is_dir():
+        raise WorkdirError(f"{src} is not a directory")
+    lines = list(ALWAYS_IGNORED)
+    for name in ignore_files:
+        ignore = src / name
+        if ignore.is_file():
+            lines += ignore.read_text().splitlines()
+    spec = GitIgnoreSpec.from_lines(lines)
+    files = []
+    for root, dirs, names in os.walk(src):
+        base = Path(root).relative_to(src)
+        # Pruning ignored directories keeps a large ignored tree (a dataset, a venv) from being walked at all.
+        dirs[:] = sorted(d for d in dirs if not spec.match_file(f"{base / d}/"))
+        files += [base / n for n in names if (Path(root) / n).is_file() and not spec.match_file(str(base / n))]
+    return sorted(files)
+
+
+def content_hash(src: Path, files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(f"{hashlib.sha256((src / rel).read_bytes()).hexdigest()}  {rel}\n".encode())
+    return digest.hexdigest()
+
+
+def check_size(src: Path, files: list[Path], max_bytes: int) -> int:
+    sizes = {rel: (src / rel).stat().st_size for rel in files}
+    total = sum(sizes.values())
+    if total > max_bytes:
+        largest = sorted(sizes, key=sizes.__getitem__, reverse=True)[:5]
+        listed = ", ".join(f"{rel} ({sizes[rel] / 1e6:.1f} MB)" for rel in largest)
+        raise WorkdirError(
+            f"train_workdir {src} holds {total / 1e6:.1f} MB to ship, over the limit of {max_bytes / 1e6:.1f} MB "
+            f"(train_workdir_max_mb). Largest: {listed}. Leave data out with a .ddpignore (gitignore syntax) "
+            "and read it from shared storage instead, or raise the limit."
+        )
+    return total
+
+
+def pack(src: Path, dest_dir: Path, max_bytes: int, ignore_files: list[str]) -> dict[str, object]:
+    files = list_files(src, ignore_files)
+    if not files:
+        raise WorkdirError(f"train_workdir {src} has no file to ship (all ignored, or empty)")
+    total = check_size(src, files, max_bytes)
+    sha256 = content_hash(src, files)
+    archive = dest_dir / f"{sha256}.tar.gz"
+    changed = not archive.exists()
+    if changed:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        # Written aside and renamed: an interrupted run never leaves a truncated archive under the final name.
+        with (
+            tempfile.NamedTemporaryFile(dir=dest_dir, suffix=".part", delete=False) as part,
+            tarfile.open(fileobj=part, mode="w:gz") as tar,
+        ):
+            for rel in files:
+                tar.add(src / rel, arcname=str(rel), recursive=False)
+        Path(part.name).replace(archive)
+    return {"changed": changed, "sha256": sha256, "archive": str(archive), "files": len(files), "bytes": total}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "src": {"type": "path", "required": True},
+            "dest_dir": {"type": "path", "required": True},
+            "max_bytes": {"type": "int", "required": True},
+            "ignore_files": {"type": "list", "elements": "str", "default": [".gitignore", ".ddpignore"]},
+        },
+        supports_check_mode=False,
+    )
+    params = module.params
+    try:
+        result = pack(Path(params["src"]), Path(params["dest_dir"]), params["max_bytes"], params["ignore_files"])
+    except (WorkdirError, OSError) as error:
+        module.fail_json(msg=str(error))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

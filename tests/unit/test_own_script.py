@@ -1,0 +1,129 @@
+"""A user's own script through `make train` on inventory/local: shipped with its directory, run from the job's
+persistent work dir with exactly its arguments, its outputs collected, and resumed by the next run."""
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TUTORIAL = ROOT / "examples" / "ddp-tutorial"
+RUN_LINE = re.compile(r"run (\S+): (succeeded|FAILED)")
+
+pytestmark = pytest.mark.slow
+
+
+def make_train(*assignments: str) -> tuple[subprocess.CompletedProcess, str | None]:
+    done = subprocess.run(
+        ["make", "--no-print-directory", "train", *assignments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    found = RUN_LINE.search(done.stdout)
+    return done, found.group(1) if found else None
+
+
+def node_log(run_id: str) -> str:
+    return (ROOT / "artifacts" / run_id / "logs" / "localhost" / "node.log").read_text()
+
+
+@pytest.fixture
+def tutorial(tmp_path):
+    """A copy of the example whose sibling module says which version of the code runs."""
+    workdir = tmp_path / "tutorial"
+    shutil.copytree(TUTORIAL, workdir)
+
+    def change_code(version: str) -> Path:
+        text = (TUTORIAL / "model.py").read_text()
+        (workdir / "model.py").write_text(f'{text}\nprint("code version {version}", flush=True)\n')
+        return workdir
+
+    return change_code
+
+
+def test_own_script_ships_runs_in_the_shared_work_dir_and_resumes_from_its_snapshot(tutorial, tmp_path):
+    job = f"unit-own-{uuid.uuid4().hex[:8]}"
+    workdir = tutorial("1")
+    # A list through JSON, first; then through @file. main.py's argparse refuses any other argument, so a
+    # success also proves that none of train.py's default arguments reached it.
+    args = json.dumps({"train_program_args": ["4", "2", "--batch_size", "64"]})
+    first, run_id = make_train(f"PROGRAM={workdir}/main.py", f"JOB={job}", f"EXTRA_VARS={args}")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "code version 1" in node_log(run_id)
+
+    snapshot = ROOT / "runs" / "ddp" / job / "work" / "snapshot.pt"
+    assert snapshot.is_file(), "the relative snapshot.pt is not in the job's shared work dir"
+    collected = ROOT / "artifacts" / run_id
+    assert "  work/snapshot.pt\n" in (collected / "MANIFEST.sha256").read_text()
+    check = subprocess.run(["sha256sum", "-c", "MANIFEST.sha256"], cwd=collected, capture_output=True, check=False)
+    assert check.returncode == 0, check.stdout
+    code = json.loads((collected / "code.json").read_text())
+    assert (code["program"], code["files"]) == ("main.py", 3), code  # main.py, model.py, .ddpignore
+
+    (tmp_path / "args.yml").write_text("train_program_args: ['6', '2']\n")
+    second, run_id = make_train(f"PROGRAM={tutorial('2')}/main.py", f"JOB={job}", f"EXTRA_VARS=@{tmp_path}/args.yml")
+    assert second.returncode == 0, second.stdout + second.stderr
+    log = node_log(run_id)
+    assert "code version 2" in log, "the changed code did not run"
+    assert "Resuming training from snapshot at epoch 4" in log, log[-2000:]
+    assert json.loads((ROOT / "artifacts" / run_id / "code.json").read_text())["sha256"] != code["sha256"]
+    shutil.rmtree(ROOT / "runs" / "ddp" / job)
+
+
+def test_a_misspelt_variable_is_refused_before_any_node_is_contacted():
+    done, _ = make_train("EXTRA_VARS=train_step=5")
+    assert done.returncode != 0
+    assert "train_step: no such variable (did you mean train_steps?)" in done.stdout + done.stderr
+    assert "preflight on every node" not in done.stdout
+
+
+def pack_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pack", ROOT / "ansible/roles/train/library/ddp_pack_workdir.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_packing_honours_the_ignore_files_and_hashes_the_content(tmp_path):
+    pack = pack_module()
+    src = tmp_path / "src"
+    (src / "data").mkdir(parents=True)
+    (src / ".git").mkdir()
+    (src / "main.py").write_text("print(1)\n")
+    (src / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (src / "notes.log").write_text("log\n")
+    (src / ".git" / "HEAD").write_text("ref\n")
+    (src / ".gitignore").write_text("*.log\n")
+    (src / ".ddpignore").write_text("data/\n")
+    files = pack.list_files(src, [".gitignore", ".ddpignore"])
+    assert [str(f) for f in files] == [".ddpignore", ".gitignore", "main.py"]
+
+    first = pack.pack(src, tmp_path / "out", max_bytes=10_000, ignore_files=[".gitignore", ".ddpignore"])
+    again = pack.pack(src, tmp_path / "out", max_bytes=10_000, ignore_files=[".gitignore", ".ddpignore"])
+    assert (first["changed"], again["changed"], again["sha256"]) == (True, False, first["sha256"])
+    (src / "main.py").write_text("print(2)\n")
+    changed = pack.pack(src, tmp_path / "out", max_bytes=10_000, ignore_files=[".gitignore", ".ddpignore"])
+    assert changed["sha256"] != first["sha256"]
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(f"{hashlib.sha256((src / rel).read_bytes()).hexdigest()}  {rel}\n".encode())
+    assert changed["sha256"] == digest.hexdigest()
+
+
+def test_packing_refuses_a_tree_over_the_limit_naming_its_largest_file(tmp_path):
+    pack = pack_module()
+    (tmp_path / "weights.bin").write_bytes(b"x" * 5000)
+    (tmp_path / "main.py").write_text("pass\n")
+    with pytest.raises(pack.WorkdirError, match=r"over the limit .*weights\.bin"):
+        pack.pack(tmp_path, tmp_path / "out", max_bytes=1000, ignore_files=[])
+    assert not (tmp_path / "out").exists()
