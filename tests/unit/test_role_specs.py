@@ -1,0 +1,235 @@
+"""Every role's meta/argument_specs.yml and defaults/main.yml tell the same story, and every role README's
+variable table is the one generated from the spec.
+
+- every variable in defaults/main.yml is an option of the `main` entry point;
+- an option with a spec `default:` has that very value (compared as YAML) in defaults/main.yml; an option
+  without one has, in defaults/main.yml, either nothing, a Jinja template (which a spec cannot state), or a
+  placeholder for a `required: true` option that the stage playbook passes in;
+- a literal default has the spec's type;
+- every option, nested ones included, of every entry point has a description.
+
+The README tables are written by this file:  .venv/bin/python tests/unit/test_role_specs.py --write
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES_DIR = ROOT / "ansible" / "roles"
+ROLES = sorted(p.name for p in ROLES_DIR.iterdir() if (p / "meta" / "argument_specs.yml").is_file())
+# Roles whose README.md someone else owns and has not written yet; every other role must have one.
+README_PENDING = {"train"}
+
+BEGIN = "<!-- BEGIN GENERATED: role variables (tests/unit/test_role_specs.py --write) -->"
+END = "<!-- END GENERATED: role variables -->"
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# Python types a literal default of each argument-spec type may have.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "path": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "list": (list,),
+    "dict": (dict,),
+}
+
+
+def _load(path: Path) -> Any:
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+
+
+def specs(role: str) -> dict[str, Any]:
+    """The entry points of a role's meta/argument_specs.yml."""
+    return _load(ROLES_DIR / role / "meta" / "argument_specs.yml")["argument_specs"]
+
+
+def defaults(role: str) -> dict[str, Any]:
+    path = ROLES_DIR / role / "defaults" / "main.yml"
+    return (_load(path) or {}) if path.is_file() else {}
+
+
+def is_template(value: Any) -> bool:
+    """True when a value holds a Jinja expression anywhere (a string, or inside a list or dict)."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, list):
+        return any(is_template(v) for v in value)
+    if isinstance(value, dict):
+        return any(is_template(v) for v in value.values())
+    return False
+
+
+def _walk(options: dict[str, Any], prefix: str = ""):
+    """(dotted name, spec) of every option, nested options after their parent."""
+    for name, spec in (options or {}).items():
+        full = f"{prefix}{name}"
+        yield full, spec
+        if spec.get("options"):
+            suffix = "[]." if spec.get("type") == "list" else "."
+            yield from _walk(spec["options"], full + suffix)
+
+
+# --- the tests ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_default_is_an_option_of_main(role):
+    options = specs(role)["main"].get("options") or {}
+    missing = sorted(set(defaults(role)) - set(options))
+    assert not missing, f"{role}: in defaults/main.yml but not in meta/argument_specs.yml (main): {missing}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_spec_defaults_equal_role_defaults(role):
+    options = specs(role)["main"].get("options") or {}
+    role_defaults = defaults(role)
+    problems = []
+    for name, spec in options.items():
+        if "default" in spec:
+            if name not in role_defaults:
+                problems.append(f"{name}: spec default {spec['default']!r}, absent from defaults/main.yml")
+            elif role_defaults[name] != spec["default"]:
+                problems.append(
+                    f"{name}: spec default {spec['default']!r} != defaults/main.yml {role_defaults[name]!r}"
+                )
+        elif name in role_defaults and not is_template(role_defaults[name]) and not spec.get("required"):
+            problems.append(f"{name}: defaults/main.yml has {role_defaults[name]!r}, the spec no default")
+    assert not problems, f"{role}: meta/argument_specs.yml and defaults/main.yml disagree:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_literal_defaults_have_the_spec_type(role):
+    options = specs(role)["main"].get("options") or {}
+    problems = []
+    for name, value in defaults(role).items():
+        kind = options[name].get("type", "str") if name in options else None  # not in the spec: tested above
+        if kind in _TYPES and not is_template(value):
+            ok = isinstance(value, _TYPES[kind]) and not (kind in ("int", "float") and isinstance(value, bool))
+            if not ok:
+                problems.append(f"{name}: {value!r} is not a {kind}")
+    assert not problems, f"{role}: defaults/main.yml values of the wrong type: {problems}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_option_is_documented(role):
+    undocumented = [
+        f"{entry}: {name}"
+        for entry, spec in specs(role).items()
+        for name, option in _walk(spec.get("options") or {})
+        if not _text(option.get("description"))
+    ]
+    assert not undocumented, f"{role}: options without a description in meta/argument_specs.yml: {undocumented}"
+
+
+@pytest.mark.parametrize("role", [r for r in ROLES if r not in README_PENDING])
+def test_role_has_a_readme_with_the_generated_table(role):
+    readme = ROLES_DIR / role / "README.md"
+    assert readme.is_file(), f"{role}: no README.md"
+    assert BEGIN in readme.read_text(encoding="utf-8"), f"{role}: README.md lacks the generated variable table"
+
+
+@pytest.mark.parametrize("role", [r for r in ROLES if (ROLES_DIR / r / "README.md").is_file()])
+def test_readme_variable_table_is_current(role):
+    text = (ROLES_DIR / role / "README.md").read_text(encoding="utf-8")
+    assert text == render_readme(role, text), (
+        f"{role}: README.md's variable table differs from meta/argument_specs.yml; "
+        "regenerate it with: .venv/bin/python tests/unit/test_role_specs.py --write"
+    )
+
+
+# --- the README table --------------------------------------------------------------------------------------
+
+
+def _text(description: Any) -> str:
+    if isinstance(description, list):
+        return " ".join(str(d).strip() for d in description)
+    return str(description or "").strip()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, str):
+        plain = yaml.safe_dump(value, width=1 << 16).strip().removesuffix("...").strip()
+        return value if is_template(value) or plain == value else json.dumps(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("...").strip()
+
+
+def _default_cell(spec: dict[str, Any], fallback: dict[str, Any], name: str) -> str:
+    if "default" in spec:
+        return f"`{_cell(_inline(spec['default']))}`"
+    if spec.get("required"):
+        return "*required*"
+    if name in fallback:
+        return f"`{_cell(_inline(fallback[name]))}`"
+    return ""
+
+
+def variables_table(role: str) -> str:
+    """The generated block (markers included) for a role's README."""
+    entry_points = specs(role)
+    role_defaults = defaults(role)
+    options = list(_walk(entry_points["main"].get("options") or {}))
+    required = any(spec.get("required") and "." not in name for name, spec in options)
+    lines = [
+        BEGIN,
+        "Generated from [`meta/argument_specs.yml`](meta/argument_specs.yml); each knob is commented in",
+        "[`defaults/main.yml`](defaults/main.yml)."
+        + (" *required*: set it yourself (this project's stage playbooks do)." if required else ""),
+        "",
+    ]
+    if len(entry_points) > 1:
+        main_options = entry_points["main"].get("options")
+        same = all(spec.get("options") == main_options for spec in entry_points.values())
+        lines.append("Entry points" + (", all with the options below:" if same else ":"))
+        lines.append("")
+        lines += [f"- `{name}`: {_text(spec.get('short_description'))}" for name, spec in entry_points.items()]
+        lines.append("")
+    lines += ["| variable | type | default | description |", "|---|---|---|---|"]
+    for name, spec in options:
+        kind = spec.get("type", "str") + (f" of {spec['elements']}" if spec.get("elements") else "")
+        description = _text(spec.get("description"))
+        if spec.get("choices"):
+            description += " One of: " + ", ".join(f"`{c}`" for c in spec["choices"]) + "."
+        default = _default_cell(spec, role_defaults if "." not in name else {}, name)
+        lines.append(f"| `{name}` | {kind} | {default} | {_cell(description)} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def render_readme(role: str, text: str) -> str:
+    """text with its generated block replaced by the current one (unchanged when it has no block)."""
+    if BEGIN not in text or END not in text:
+        return text
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    return head + variables_table(role) + tail
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["--write"]:
+        print("usage: test_role_specs.py --write   (rewrites the variable table of every role README)")
+        return 2
+    for role in ROLES:
+        readme = ROLES_DIR / role / "README.md"
+        if readme.is_file():
+            text = readme.read_text(encoding="utf-8")
+            new = render_readme(role, text)
+            if new != text:
+                readme.write_text(new, encoding="utf-8")
+                print(f"updated {readme.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
