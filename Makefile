@@ -21,7 +21,7 @@ ROLE ?=
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
 	$(BIN)/python ansible/run_training.py --inventory "$(INVENTORY)" --resume "$(RESUME)" \
 	  $${PROGRAM:+--program "$$PROGRAM"} $${ARGS:+--args "$$ARGS"} $${WORKDIR:+--workdir "$$WORKDIR"} \
 	  $${JOB:+--job "$$JOB"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
+
+mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpoint|..] [MAX=N]; prints survivors
+	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))
 
 bench-comm: setup ## Allreduce benchmark with 2 local processes
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py

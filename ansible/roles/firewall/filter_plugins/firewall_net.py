@@ -10,7 +10,12 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 def _network(value: object) -> Network:
     # strict: "10.0.0.1/24" is refused rather than silently widened to 10.0.0.0/24.
-    return ipaddress.ip_network(str(value).strip(), strict=True)
+    net = ipaddress.ip_network(str(value).strip(), strict=True)
+    # ipaddress takes "fe80::1%eth0" (a zone), which an nft set cannot hold: refused here, before the node changes,
+    # not by nft -c after it.
+    if isinstance(net, ipaddress.IPv6Network) and net.network_address.scope_id is not None:
+        raise ValueError(f"{value} has a scope (zone) id, which a firewall rule cannot hold")
+    return net
 
 
 def firewall_cidr_errors(values: Iterable[object]) -> list[str]:
