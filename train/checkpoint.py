@@ -4,6 +4,9 @@ Layout of <dir>: `ckpt-00000123.pt` (state after 123 optimizer steps) and `ckpt-
 (`sha256sum -c` format). A file is written to a temporary name in the same directory, flushed and fsynced,
 renamed over the final name, and the directory is fsynced: a reader sees the old file or the whole new one.
 Files are read with `torch.load(weights_only=True)`: no pickled code runs from shared storage.
+
+Rank 0's `Writer` does the writing (then keep-last pruning), either in the caller's thread or, staged, on a
+background thread from a CPU copy of the state (`to_cpu`) while training goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -178,7 +182,76 @@ def choose_resume(resume: str, directory: Path | None, warn: Callable[[str], Non
     return None
 
 
+class Writer:
+    """Rank 0's checkpoint writes: atomic_save, then keep-last pruning, in the caller's thread or in the background.
+
+    At most one background write is in flight: save() first waits for the one before. A background write that
+    failed raises CheckpointError from the next save(), poll() or wait(): the run stops instead of training on
+    without the checkpoints it believes it has. `finished` collects one record per completed write (the caller's
+    dict, plus bytes and ckpt_write_s) for the caller to log.
+    """
+
+    def __init__(self, keep_last: int, background: bool) -> None:
+        self.keep_last, self.background = keep_last, background
+        self.finished: list[dict[str, Any]] = []
+        self._thread: threading.Thread | None = None
+        self._failure: tuple[Path, BaseException] | None = None
+
+    def save(self, state: dict[str, Any], path: Path, record: dict[str, Any]) -> None:
+        """Write state to path. In the background, state must not change until the write ends: a to_cpu copy."""
+        self.wait()
+        if not self.background:
+            self._write(state, path, record)
+            return
+        self._thread = threading.Thread(
+            target=self._write_catching, args=(state, path, record), name="checkpoint-writer", daemon=True
+        )
+        self._thread.start()
+
+    def poll(self) -> None:
+        """Without blocking: reap a background write that has ended (raising if it failed)."""
+        if self._thread is not None and not self._thread.is_alive():
+            self.wait()
+
+    def wait(self) -> None:
+        """Until no write is in flight; raises CheckpointError if the last one failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failure is not None:
+            (path, exc), self._failure = self._failure, None
+            raise CheckpointError(f"background write of {path} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _write(self, state: dict[str, Any], path: Path, record: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        atomic_save(state, path)  # looked up at call time: the fault tests replace it
+        prune(path.parent, self.keep_last)  # only now: the new file is complete before old ones go
+        record |= {"bytes": path.stat().st_size, "ckpt_write_s": round(time.perf_counter() - start, 6)}
+        self.finished.append(record)
+
+    def _write_catching(self, state: dict[str, Any], path: Path, record: dict[str, Any]) -> None:
+        try:
+            self._write(state, path, record)
+        except BaseException as exc:  # handed to the training thread, which raises it
+            self._failure = (path, exc)
+
+
 # ------------------------------------------------------------------------------------------------ state
+
+
+def to_cpu(obj: Any) -> Any:
+    """obj with every tensor copied to CPU memory and every container rebuilt: a snapshot that training, which
+    goes on changing the live tensors (optimizer steps are in place), cannot alter while it is being written."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        copy = type(obj)((key, to_cpu(value)) for key, value in obj.items())  # an OrderedDict stays one
+        if hasattr(obj, "_metadata"):  # module versions in a state_dict, which load_state_dict reads
+            copy._metadata = to_cpu(obj._metadata)  # type: ignore[attr-defined]
+        return copy
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_cpu(value) for value in obj)
+    return obj  # numbers, strings, None: immutable
 
 
 def rng_state() -> dict[str, Any]:

@@ -65,6 +65,30 @@ def wrap_ddp(model: nn.Module, cfg: Config, info: DistInfo) -> tuple[DDP, CommTi
     return ddp, timer if measure else None
 
 
+def ddp_in_effect(ddp: DDP, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> dict[str, Any]:
+    """What DDP, the optimizer and the scaler actually do, read back from the objects rather than the config: a
+    summary that can tell when a configured option or hook never reached DDP."""
+    hooks = getattr(ddp, "_comm_hooks", None)  # [(hook, state)]; private, hence the guard
+    hook, state = hooks[-1] if hooks else (None, None)
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's local optimizer
+    effect = {
+        "comm_hook": inspect.unwrap(hook).__name__ if hook else None,  # None: DDP's built-in allreduce
+        "comm_hook_timed": hook is not None and hasattr(hook, "__wrapped__"),
+        "static_graph": bool(ddp.static_graph),
+        "bucket_cap_mb": round(ddp.bucket_bytes_cap / 2**20, 4),  # DDP keeps whole bytes
+        "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view),
+        "find_unused_parameters": bool(ddp.find_unused_parameters),
+        "broadcast_buffers": bool(getattr(ddp, SYNC_BUFFERS)),
+        "zero": inner is not None,
+        "optimizer": type(inner or optimizer).__name__,
+        "activation_checkpointing": bool(getattr(ddp.module, "checkpointing", False)),
+        "grad_scaler": scaler.is_enabled(),
+    }
+    if isinstance(state, powerSGD_hook.PowerSGDState):
+        effect |= {"powersgd_rank": state.matrix_approximation_rank, "powersgd_start_iter": state.start_powerSGD_iter}
+    return effect
+
+
 def effective_lr(cfg: OptimConfig, global_batch: int) -> float:
     """lr, or lr * global_batch / base_batch_size with optim.lr_scaling=linear."""
     return cfg.lr * global_batch / cfg.base_batch_size if cfg.lr_scaling == "linear" else cfg.lr

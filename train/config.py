@@ -118,6 +118,9 @@ class CheckpointConfig:
     every: int = 50  # save every N steps (and always at the end); 0 = only at the end
     keep_last: int = 3  # keep the newest K; 0 = keep all
     resume: str = "auto"  # auto (newest valid) | never | <path of one checkpoint>
+    # YAML key `async` (a Python keyword): true = rank 0 copies the state to CPU memory and a background thread
+    # writes it while training goes on; false = every rank waits until the file is written and fsynced.
+    async_: bool = field(default=True, metadata={"key": "async"})
 
 
 @dataclass
@@ -140,7 +143,18 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _as_dict(self)
+
+
+def _key(f: dataclasses.Field) -> str:
+    """The YAML name of a field: its name, unless metadata says otherwise (a Python keyword such as `async`)."""
+    return f.metadata.get("key", f.name)
+
+
+def _as_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {_key(f): _as_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -185,22 +199,22 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {_key(f): f.name for f in dataclasses.fields(cls)}
     for key in data:
-        if key not in names:
-            near = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else f" (known: {', '.join(names)})"
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else f" (known: {', '.join(fields)})"
             raise ConfigError(f"unknown key '{where + '.' if where else ''}{key}'{hint}")
     kwargs = {}
-    for name in names:
-        if name not in data:
+    for yaml_key, name in fields.items():
+        if yaml_key not in data:
             continue
-        key = f"{where}.{name}" if where else name
+        key = f"{where}.{yaml_key}" if where else yaml_key
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, data[name], key)
+            kwargs[name] = _build(hint, data[yaml_key], key)
         else:
-            kwargs[name] = _convert(data[name], hint, key)
+            kwargs[name] = _convert(data[yaml_key], hint, key)
     return cls(**kwargs)
 
 

@@ -36,6 +36,7 @@ class Trainer:
     comm: CommTimer | None
     ckpt_dir: Path | None
     target_step: int
+    writer: ckpt.Writer | None = None  # rank 0 with a checkpoint dir
     step: int = 0  # optimizer steps completed
     tokens_per_sample: int = 0  # language models: also report tokens/s
     saved_step: int | None = None
@@ -49,6 +50,7 @@ class Trainer:
 def train(t: Trainer) -> None:
     run = t.cfg.run
     while t.step < t.target_step:
+        reap_checkpoints(t)  # a background write that failed stops the run here, at the next step
         start, lr = time.perf_counter(), t.optimizer.param_groups[0]["lr"]
         totals = train_step(t)
         t.step += 1
@@ -61,10 +63,11 @@ def train(t: Trainer) -> None:
         if t.step % run.log_every == 0 or t.step in (t.target_step, t.stats.first_step):
             print0(progress_line(record, t.target_step))
         every = t.cfg.checkpoint.every
-        if every and t.step % every == 0:
+        if every and t.step % every == 0 and t.step != t.target_step:
             save_checkpoint(t)
     if t.saved_step != t.step:
-        save_checkpoint(t)
+        save_checkpoint(t, final=True)
+    reap_checkpoints(t)
 
 
 def train_step(t: Trainer) -> torch.Tensor:
@@ -96,6 +99,7 @@ def step_record(t: Trainer, totals: torch.Tensor, seconds: float, lr: float) -> 
     loss_sum, correct, count = totals.tolist()
     record = {
         "step": t.step,
+        "target_step": t.target_step,  # progress and ETA for whoever reads the newest line (make train/status)
         "epoch": t.stream.epoch,
         "loss": loss_sum / (t.cfg.run.grad_accum_steps * t.info.world_size),
         "accuracy": correct / count,
@@ -130,14 +134,21 @@ def evaluate(t: Trainer) -> dict[str, float]:
     return {"eval_loss": loss_sum / max(count, 1), "eval_accuracy": correct / max(count, 1)}
 
 
-def save_checkpoint(t: Trainer) -> None:
-    """Collective: every rank takes part (ZeRO consolidation, RNG gather); rank 0 writes atomically."""
+def save_checkpoint(t: Trainer, final: bool = False) -> None:
+    """Collective: every rank takes part (ZeRO consolidation, RNG gather); rank 0 writes atomically.
+
+    checkpoint.async (staged): rank 0 copies the state to CPU memory and a background thread writes it while
+    every rank trains on; the final checkpoint is waited for. Otherwise every rank waits until the file is
+    written. The time training stood still is the checkpoint's ckpt_block_s (rank 0's view).
+    """
     if t.ckpt_dir is None:
         return
-    barrier(t.info)
+    start, staged = time.perf_counter(), t.cfg.checkpoint.async_
+    if not staged:
+        barrier(t.info)
     optimizer_sd = ckpt.optimizer_state(t.optimizer, t.info.rank)
     rng_states = all_gather_object(ckpt.rng_state())
-    if t.info.is_main:
+    if t.writer is not None:
         state = ckpt.build_state(
             step=t.step,
             model=t.model.module,
@@ -151,8 +162,30 @@ def save_checkpoint(t: Trainer) -> None:
             extra={"run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "target_step": t.target_step},
         )
         path = ckpt.checkpoint_path(t.ckpt_dir, t.step)
-        ckpt.atomic_save(state, path)
-        ckpt.prune(t.ckpt_dir, t.cfg.checkpoint.keep_last)
-        print0(f"checkpoint {path}")
-    barrier(t.info)
+        record: dict[str, Any] = {"step": t.step, "path": str(path), "async": staged, "ckpt_block_s": None}
+        # The final checkpoint is waited for at once: nothing changes the live state meanwhile, no copy needed.
+        t.writer.save(ckpt.to_cpu(state) if staged and not final else state, path, record)
+        if final:
+            t.writer.wait()
+    if not staged:
+        barrier(t.info)
     t.saved_step = t.step
+    if t.writer is not None:
+        block = time.perf_counter() - start
+        record["ckpt_block_s"] = round(block, 6)  # before any reap: only this thread logs records
+        t.stats.checkpoint_block_s += block
+
+
+def reap_checkpoints(t: Trainer, wait: bool = False) -> None:
+    """Rank 0: log the writes that have completed (checkpoints.jsonl); raise if a background one failed."""
+    if t.writer is None:
+        return
+    try:
+        t.writer.wait() if wait else t.writer.poll()
+    finally:  # the checkpoints written before a failed one are whole: still logged
+        while t.writer.finished:
+            record = t.writer.finished.pop(0)
+            t.stats.checkpoint_write_s += record["ckpt_write_s"]
+            t.stats.checkpoints += 1
+            t.log.checkpoint(record | {"time": time.time()})
+            print0(f"checkpoint {record['path']}")

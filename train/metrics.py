@@ -5,10 +5,18 @@ after the checkpoint's step; a fresh start empties it):
   step, epoch, loss, accuracy, lr, samples_per_s, step_time_s, comm_time_s, peak_mem_bytes, time
   (+ tokens_per_s for language models, eval_loss and eval_accuracy on steps that evaluated); loss and
   accuracy are over all ranks' samples.
+checkpoints.jsonl: one object per checkpoint written, once its file is complete (same lineage rule as
+  metrics.jsonl; separate so that every metrics line stays a step): step, path, bytes, async (staged save),
+  ckpt_block_s (seconds training stood still for it on rank 0: the collectives, the CPU copy, waiting for the
+  previous write still in flight, and with async false, or for the final checkpoint, the write itself),
+  ckpt_write_s (serialise, fsync, rename, prune: in the background with async), time.
 summary.json, written at the end (also when stopped or failed): status (completed|terminated|failed), steps,
   first_step, last_step, target_step, first_loss, final_loss, eval_loss, eval_accuracy, mean_samples_per_s
-  (first step excluded as warm-up), global_batch, world_size, backend, device, model, dataset, wall_time_s,
-  resumed_from_step (null on a fresh start).
+  (first step excluded as warm-up), global_batch, world_size, backend, device, model, dataset, wall_time_s
+  (seconds in the training loop, final checkpoint included), resumed_from_step (null on a fresh start),
+  checkpoints_written, checkpoint_block_s_total, checkpoint_write_s_total (stall fraction = block total /
+  wall_time_s), checkpoint_async, and `ddp`: the DDP options and comm hook in effect, read back from the
+  DDP object (components.ddp_in_effect).
 comm_time_s: wall time during which at least one DDP gradient allreduce was in flight in that step, measured
   by wrapping the comm hook (gloo); null on nccl, where the hook's future completes before the GPU work does.
 peak_mem_bytes: CUDA max_memory_allocated for the step on GPU; on CPU the process's peak RSS so far.
@@ -53,6 +61,7 @@ class CommTimer:
                 fut.wait()
             return fut.then(done)
 
+        timed.__wrapped__ = hook  # type: ignore[attr-defined]  # inspect.unwrap: which hook is in effect
         return timed
 
     def take(self) -> float:
@@ -87,6 +96,9 @@ class RunStats:
     samples: int = 0  # after the first step (warm-up excluded from throughput)
     seconds: float = 0.0
     eval: dict[str, float] = field(default_factory=dict)
+    checkpoints: int = 0  # written completely
+    checkpoint_block_s: float = 0.0
+    checkpoint_write_s: float = 0.0
 
     def add(self, step: int, loss: float, samples: int, seconds: float) -> None:
         if self.first_step is None:
@@ -111,6 +123,9 @@ class RunStats:
             **self.eval,
             "mean_samples_per_s": self.mean_samples_per_s,
             "resumed_from_step": self.resumed_from_step,
+            "checkpoints_written": self.checkpoints,
+            "checkpoint_block_s_total": round(self.checkpoint_block_s, 6),
+            "checkpoint_write_s_total": round(self.checkpoint_write_s, 6),
         }
 
 
@@ -126,26 +141,33 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _open_lineage(path: Path, resumed_from: int | None) -> IO[str]:
+    """path for appending, keeping only the lines up to the step resumed from (none on a fresh start)."""
+    kept = [r for r in _read_jsonl(path) if resumed_from is not None and r.get("step", 0) <= resumed_from]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+    return path.open("a", buffering=1)
+
+
 class MetricsLog:
-    """metrics.jsonl, summary.json and TensorBoard on rank 0; does nothing on the other ranks."""
+    """metrics.jsonl, checkpoints.jsonl, summary.json and TensorBoard on rank 0; does nothing on the other ranks."""
 
     def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool, warn: Callable[[str], None]) -> None:
         self.out_dir, self.enabled, self.tensorboard, self.warn = out_dir, enabled, tensorboard, warn
         self._file: IO[str] | None = None
+        self._checkpoints: IO[str] | None = None
         self._tb: Any = None
 
     def open(self, resumed_from: int | None) -> None:
         """Start logging. metrics.jsonl keeps one line per step of the model being trained: a fresh start
-        empties it, a resume keeps the lines up to the checkpoint's step (dropping those of a crashed attempt)."""
+        empties it, a resume keeps the lines up to the checkpoint's step (dropping those of a crashed attempt).
+        checkpoints.jsonl follows the same rule."""
         if not self.enabled:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / "metrics.jsonl"
-        kept = [r for r in _read_jsonl(path) if resumed_from is not None and r.get("step", 0) <= resumed_from]
-        tmp = self.out_dir / ".metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(path)
-        self._file = path.open("a", buffering=1)
+        self._file = _open_lineage(self.out_dir / "metrics.jsonl", resumed_from)
+        self._checkpoints = _open_lineage(self.out_dir / "checkpoints.jsonl", resumed_from)
         if self.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -164,6 +186,10 @@ class MetricsLog:
                 if key not in ("step", "time") and isinstance(value, int | float):
                     self._tb.add_scalar(key, value, record["step"])
 
+    def checkpoint(self, record: dict[str, Any]) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.write(json.dumps(record) + "\n")
+
     def summary(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return
@@ -172,9 +198,10 @@ class MetricsLog:
         tmp.replace(self.out_dir / "summary.json")
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        for file in (self._file, self._checkpoints):
+            if file is not None:
+                file.close()
+        self._file = self._checkpoints = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None

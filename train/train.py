@@ -39,7 +39,14 @@ import checkpoint as ckpt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from components import build_optimizer, build_scaler, build_scheduler, effective_lr, wrap_ddp  # noqa: E402
+from components import (  # noqa: E402
+    build_optimizer,
+    build_scaler,
+    build_scheduler,
+    ddp_in_effect,
+    effective_lr,
+    wrap_ddp,
+)
 from config import TOKEN_DATASETS, Config, ConfigError, load_config  # noqa: E402
 from data import build_datasets, build_eval_loader, build_stream  # noqa: E402
 from distributed import (  # noqa: E402
@@ -55,7 +62,7 @@ from distributed import (  # noqa: E402
     resolve_device,
     warn0,
 )
-from loop import Trainer, train  # noqa: E402
+from loop import Trainer, reap_checkpoints, train  # noqa: E402
 from metrics import MetricsLog  # noqa: E402
 from models import build_model  # noqa: E402
 
@@ -205,6 +212,7 @@ def run(cfg: Config, info: DistInfo) -> None:
         comm=comm,
         ckpt_dir=ckpt_dir,
         target_step=cfg.run.max_steps,
+        writer=ckpt.Writer(cfg.checkpoint.keep_last, cfg.checkpoint.async_) if ckpt_dir and info.is_main else None,
         tokens_per_sample=cfg.data.seq_len if cfg.data.dataset in TOKEN_DATASETS else 0,
     )
     if state:
@@ -227,13 +235,24 @@ def run(cfg: Config, info: DistInfo) -> None:
         status = "terminated"
         raise
     finally:
+        if status != "completed":
+            finish_writing(t)
         t.log.summary(
             t.stats.as_dict()
             | {"status": status, "target_step": t.target_step, "global_batch": global_batch}
             | {"world_size": info.world_size, "backend": info.backend, "device": info.device.type}
             | {"model": cfg.model.name, "dataset": cfg.data.dataset, "wall_time_s": round(time.time() - started, 3)}
+            | {"checkpoint_async": cfg.checkpoint.async_, "ddp": ddp_in_effect(ddp, optimizer, t.scaler)}
         )
         t.log.close()
+
+
+def finish_writing(t: Trainer) -> None:
+    """A stopped or failed run still completes a checkpoint write in flight: its state is whole and consistent."""
+    try:
+        reap_checkpoints(t, wait=True)
+    except ckpt.CheckpointError as exc:
+        warn0(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_DIR = ROOT / "train"
@@ -74,3 +76,22 @@ def metrics(out_dir: Path) -> list[dict]:
 
 def summary(out_dir: Path) -> dict:
     return json.loads((out_dir / "summary.json").read_text())
+
+
+@contextlib.contextmanager
+def gloo_group_of_one() -> Iterator[Any]:
+    """A gloo process group of this process alone, for running train/ code in-process; its DistInfo."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from distributed import DistInfo
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield DistInfo(0, 1, 0, "gloo", torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()

@@ -56,6 +56,8 @@ def test_unknown_section(tmp_path):
         ("model:\n  d_model: 30\n  n_heads: 4\n", "must be divisible by model.n_heads"),
         ("optim:\n  betas: [0.9]\n", "optim.betas: expected a list of 2 values"),
         ("run: 3\n", "run: expected a mapping"),
+        ("checkpoint:\n  async: yes please\n", "checkpoint.async: expected true or false, got 'yes please'"),
+        ("checkpoint:\n  async_: false\n", "unknown key 'checkpoint.async_'"),
     ],
 )
 def test_bad_values_are_clear_errors(tmp_path, text, message):
@@ -75,6 +77,13 @@ def test_overrides_parse_yaml_values():
         load_config(SMOKE, ["optim.nope=1"])
     with pytest.raises(ConfigError, match=r"expected section\.key=value"):
         load_config(SMOKE, ["optim.lr"])
+
+
+def test_checkpoint_async_is_spelled_async_in_yaml_and_on_by_default(tmp_path):
+    assert load_config(None).checkpoint.async_ is True
+    cfg = load_config(write(tmp_path, "checkpoint:\n  async: false\n"), [])
+    assert cfg.checkpoint.async_ is False and cfg.to_dict()["checkpoint"]["async"] is False
+    assert load_config(None, ["checkpoint.async=false"]).checkpoint.async_ is False
 
 
 def test_missing_file_is_a_config_error(tmp_path):

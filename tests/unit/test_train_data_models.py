@@ -29,6 +29,22 @@ def test_stream_resumed_mid_epoch_continues_the_same_order(world_size):
         assert (second.epoch, first.epoch) != (0, 0)  # crossed epoch boundaries
 
 
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_stream_resumed_on_another_world_size_neither_repeats_nor_skips_a_sample(before, after):
+    # label == index: the samples themselves. 48 samples, batch 4: 16 taken before the checkpoint, 32 after.
+    cfg = DataConfig(dataset="synthetic", num_samples=48, batch_size=4, num_classes=48, image_size=2, channels=1)
+    train, _, _ = build_datasets(cfg, seed=0)
+    streams = [build_stream(train, cfg, rank, before, seed=5, cuda=False) for rank in range(before)]
+    seen = [i for _ in range(16 // (4 * before)) for s in streams for i in s.next()[1].tolist()]
+    saved = streams[0].state(before)
+    resumed = [build_stream(train, cfg, rank, after, seed=5, cuda=False) for rank in range(after)]
+    for stream in resumed:
+        stream.restore(saved, after)
+    rest = [i for _ in range(32 // (4 * after)) for s in resumed for i in s.next()[1].tolist()]
+    assert sorted(seen + rest) == list(range(48)), "the epoch after the resume repeats or skips samples"
+    assert {s.epoch for s in resumed} == {0}
+
+
 def test_epochs_are_reshuffled_and_ranks_disjoint():
     cfg = DataConfig(dataset="synthetic", num_samples=24, batch_size=4, num_classes=24, image_size=2, channels=1)
     train, _, _ = build_datasets(cfg, seed=0)

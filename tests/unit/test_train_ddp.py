@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from _train_helpers import SMOKE, TRAIN, kill_all, metrics, start, summary, torchrun_cmd, train
+from config import Config, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,7 @@ def test_loss_falls_and_the_run_reports_itself(runs):
     )
     assert s["resumed_from_step"] is None and s["final_loss"] < s["first_loss"]
     assert s["eval_accuracy"] > 0.5 and s["mean_samples_per_s"] > 0
+    assert s["ddp"] == configured_ddp(load_config(SMOKE), "gloo")
     assert "step 40/40" in out["whole"].stdout  # progress line on rank 0 only
     assert out["whole"].stdout.count("step 40/40") == 1
 
@@ -68,6 +70,7 @@ def test_keep_last_leaves_the_newest_two_and_no_temp_files(runs):
     base, _ = runs
     names = sorted(p.name for p in (base / "whole").iterdir())
     assert names == [
+        "checkpoints.jsonl",
         "ckpt-00000030.pt",
         "ckpt-00000030.pt.sha256",
         "ckpt-00000040.pt",
@@ -124,6 +127,37 @@ CASES = {
 }
 
 
+HOOK_FUNCTIONS = {
+    "none": "allreduce_hook",  # registered, on gloo, to time DDP's own allreduce
+    "fp16": "fp16_compress_hook",
+    "bf16": "bf16_compress_hook",
+    "powersgd": "powerSGD_hook",
+}
+
+
+def configured_ddp(cfg: Config, backend: str) -> dict:
+    """What summary.json's `ddp` (read back from the DDP object) must say for this config."""
+    ddp = cfg.ddp
+    # comm hook none: DDP's built-in allreduce, unless a hook is registered to time it (gloo)
+    registered = ddp.comm_hook != "none" or (cfg.metrics.measure_comm and backend == "gloo")
+    expected = {
+        "comm_hook": HOOK_FUNCTIONS[ddp.comm_hook] if registered else None,
+        "comm_hook_timed": registered,
+        "static_graph": ddp.static_graph,
+        "bucket_cap_mb": ddp.bucket_cap_mb,
+        "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
+        "find_unused_parameters": ddp.find_unused_parameters,
+        "broadcast_buffers": ddp.broadcast_buffers,
+        "zero": cfg.optim.zero,
+        "optimizer": {"sgd": "SGD", "adamw": "AdamW"}[cfg.optim.name],
+        "activation_checkpointing": cfg.model.activation_checkpointing,
+        "grad_scaler": cfg.precision.mode == "fp16",
+    }
+    if ddp.comm_hook == "powersgd":
+        expected |= {"powersgd_rank": ddp.powersgd_rank, "powersgd_start_iter": ddp.powersgd_start_iter}
+    return expected
+
+
 @pytest.mark.parametrize("precision", ["off", "bf16", "fp16"])
 @pytest.mark.parametrize("hook", ["none", "fp16", "bf16", "powersgd"])
 def test_comm_hook_and_precision_train_two_processes(tmp_path, hook, precision):
@@ -145,7 +179,10 @@ def test_comm_hook_and_precision_train_two_processes(tmp_path, hook, precision):
     records = metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
-    assert summary(tmp_path)["status"] == "completed"
+    s = summary(tmp_path)
+    assert s["status"] == "completed"
+    expected = configured_ddp(load_config(SMOKE, sets), s["backend"])
+    assert s["ddp"] == expected, "a configured DDP option or comm hook is not in effect"
     assert (tmp_path / "ckpt-00000004.pt").is_file()
 
 

@@ -42,7 +42,7 @@ def test_metrics_log_writes_jsonl_and_summary_and_warns_without_tensorboard(tmp_
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert json.loads((tmp_path / "summary.json").read_text()) == {"steps": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints.jsonl", "metrics.jsonl", "summary.json"]
     try:
         import torch.utils.tensorboard  # noqa: F401
     except ImportError:
@@ -60,14 +60,17 @@ def test_metrics_log_is_silent_off_rank_0(tmp_path):
 def test_metrics_keep_the_lineage_being_trained(tmp_path):
     lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(1, 8)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 8, "lo')  # crashed mid-line
+    (tmp_path / "checkpoints.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (5, 7)))
     log = MetricsLog(tmp_path, enabled=True, tensorboard=False, warn=print)
     log.open(resumed_from=5)  # resumed from the checkpoint of step 5: steps 6, 7 are redone
     log.step({"step": 6, "loss": 0.5})
+    log.checkpoint({"step": 6, "ckpt_block_s": 0.1})
     log.close()
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    assert [json.loads(x)["step"] for x in (tmp_path / "checkpoints.jsonl").read_text().splitlines()] == [5, 6]
     log.open(resumed_from=None)  # a fresh start
     log.close()
-    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert (tmp_path / "metrics.jsonl").read_text() == (tmp_path / "checkpoints.jsonl").read_text() == ""
 
 
 def test_progress_line():
