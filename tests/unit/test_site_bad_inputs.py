@@ -35,16 +35,13 @@ LOOPBACK = {
     "admin_cidrs": ["127.0.0.0/8"],
     "train_env": {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"},
 }
-# Tasks of the stages after the preflight: none may start.
-LATER_STAGES = (
-    "PLAY [Extra certificate",
-    "TASK [ca_trust",
-    "PLAY [SSH mesh",
-    "TASK [ssh_mesh",
-    "TASK [firewall",
-    "TASK [nfs_",
-    "TASK [docker",
-    "TASK [train_image",
+# The plays of the stages after the preflight (as site.yml imports them): none may start. The preflight runs the
+# roles' own input checks (TASK [firewall : ...]), so a role's name in a task title is no sign of a stage.
+STAGES = ("trust", "ssh", "firewall", "storage", "gpu", "container")
+LATER_STAGES = tuple(
+    f"PLAY [{play['name']}]"
+    for stage in STAGES
+    for play in yaml.safe_load((ROOT / "ansible/playbooks" / f"{stage}.yml").read_text())
 )
 RECAP_LINE = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", re.MULTILINE)
 
@@ -185,6 +182,69 @@ CASES = {
         {"hosts": {"node0": {"train_runtime": "kubernetes"}}},
         ["train_runtime=kubernetes on node0: must be host or docker"],
     ),
+    # The NFS server would chown these to the cluster user and export them read-write (set on the server
+    # alone, so that the clients' own check of the same value does not speak first).
+    "the shared directory is /": (
+        {"hosts": {"node0": {"shared_dir": "/"}}},
+        ["nfs_server_shared_dir=/ on node0: a system directory"],
+    ),
+    "the shared directory is /etc": (
+        {"hosts": {"node0": {"shared_dir": "/etc"}}},
+        ["nfs_server_shared_dir=/etc on node0: a system directory"],
+    ),
+    "the shared directory is inside /usr": (
+        {"hosts": {"node0": {"shared_dir": "/usr/local/ddp"}}},
+        ["nfs_server_shared_dir=/usr/local/ddp on node0: a system directory"],
+    ),
+    "the shared directory is relative": (
+        {"hosts": {"node0": {"shared_dir": "data"}}},
+        ["nfs_server_shared_dir=data on node0: not an absolute path"],
+    ),
+    # A client would mount over it, hiding the system's own files.
+    "the shared directory is a system directory on a client": (
+        {"group_vars": {"shared_dir": "/var"}},
+        ["nfs_client_mount_point=/var on node1: a system directory"],
+    ),
+    "the cluster CIDRs exclude a node's own address": (
+        {"hosts": {"node1": {"cluster_address": "10.0.0.2"}}},
+        ["ssh_mesh_address=10.0.0.2 on node1 is not in ssh_mesh_allowed_cidrs (127.0.0.0/8)"],
+    ),
+    "a cluster_address that is not an IP address": (
+        {"hosts": {"node1": {"cluster_address": "node-one.example"}}},
+        ["ssh_mesh_address=node-one.example on node1: not an IP address"],
+    ),
+    "the data port range holds the SSH port": (
+        {"group_vars": {"firewall_data_port_range_start": 1, "firewall_data_port_range_end": 1023}},
+        ["firewall_ssh_port=22 on node0 is also inside firewall_data_port_range_start-end (1-1023)"],
+    ),
+    "the data port range starts above its end": (
+        {"hosts": {"node1": {"firewall_data_port_range_start": 52000}}},
+        ["firewall_data_port_range_start=52000 on node1 is above firewall_data_port_range_end=51999"],
+    ),
+    "admin access from every IPv6 address": (
+        {"group_vars": {"admin_cidrs": ["127.0.0.0/8", "::/0"]}},
+        ["firewall_admin_cidrs entry ::/0 on node0: /0 is every IPv6 address"],
+    ),
+    "admin access from every IPv4 address": (
+        {"hosts": {"node1": {"admin_cidrs": ["0.0.0.0/0"]}}},
+        ["firewall_admin_cidrs entry 0.0.0.0/0 on node1: /0 is every IPv4 address"],
+    ),
+    "a wildcard Docker version": (
+        {"group_vars": {"docker_version": "27.*"}},
+        ["docker_version='27.*' on node0: not an exact version"],
+    ),
+    "a version range for the NVIDIA container toolkit": (
+        {"hosts": {"node1": {"docker_nvidia_toolkit_version": ">=1.17"}}},
+        ["docker_nvidia_toolkit_version='>=1.17' on node1: not an exact version"],
+    ),
+    "exports without root squashing": (
+        {"group_vars": {"nfs_server_export_options": ["rw", "sync", "no_root_squash", "no_subtree_check"]}},
+        ["nfs_server_export_options entry 'no_root_squash' on node0: weakens root squashing"],
+    ),
+    "exports to unprivileged client ports": (
+        {"group_vars": {"nfs_server_export_options": ["rw", "sync", "insecure", "all_squash"]}},
+        ["nfs_server_export_options entry 'insecure' on node0", "nfs_server_export_options entry 'all_squash'"],
+    ),
 }
 
 
@@ -208,3 +268,9 @@ def test_baseline_passes_the_preflight(tmp_path):
     rc, output = ansible_playbook("ansible/playbooks/preflight.yml", write_inventory(tmp_path))
     assert rc == 0, output[-3000:]
     assert changed_per_host(output) == {"localhost": 0, "node0": 0, "node1": 0}, output[-1500:]
+
+
+def test_weak_export_options_pass_when_the_inventory_says_so(tmp_path):
+    options = {"nfs_server_export_options": ["rw", "sync", "no_root_squash"], "nfs_server_allow_weak_options": True}
+    rc, output = ansible_playbook("ansible/playbooks/preflight.yml", write_inventory(tmp_path, **options))
+    assert rc == 0, output[-3000:]
