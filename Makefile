@@ -21,7 +21,7 @@ ROLE ?=
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -72,7 +72,21 @@ clean-test-hosts: ## Remove any test host or test network left behind
 train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB]
 	$(BIN)/python ansible/run_training.py --inventory "$(INVENTORY)" --resume "$(RESUME)" \
 	  $${PROGRAM:+--program "$$PROGRAM"} $${ARGS:+--args "$$ARGS"} $${WORKDIR:+--workdir "$$WORKDIR"} \
-	  $${JOB:+--job "$$JOB"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
+	  $${JOB:+--job "$$JOB"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"} $(if $(filter 1 true yes,$(DETACH)),--detach)
+
+# A run under control from any terminal; RUN defaults to the newest run (make runs lists them).
+status: setup ## Each node's state, heartbeat age, the master's step/loss/throughput and ETA: [RUN=id]
+	$(BIN)/python ansible/jobctl.py status $${RUN:+--run "$$RUN"}
+
+logs: setup ## The nodes' logs, prefixed by node: [RUN=id] [NODE=name] [FOLLOW=1]
+	$(BIN)/python ansible/jobctl.py logs $${RUN:+--run "$$RUN"} $${NODE:+--node "$$NODE"} \
+	  $(if $(filter 1 true yes,$(FOLLOW)),--follow)
+
+stop: setup ## Stop a run on every node, then collect it: [RUN=id]
+	$(BIN)/python ansible/jobctl.py stop $${RUN:+--run "$$RUN"}
+
+runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, duration, code
+	$(BIN)/python ansible/jobctl.py runs
 
 mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpoint|..] [MAX=N]; prints survivors
 	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))

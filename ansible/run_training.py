@@ -8,29 +8,29 @@
 program from there with exactly --args; --extra-vars takes what `ansible-playbook -e` takes (KEY=VALUE pairs,
 JSON or YAML, @file).
 
-Prints one line per stage, a progress line from rank 0's metrics at every poll, the failing node's log tail
-when the run fails, and the closing summary. The full Ansible output is kept in
-artifacts/<run_id>/ansible.log. Exits with the playbook's exit code.
+Prints one line per stage, a progress line from rank 0's metrics when it changes, the failing node's first
+error and log tail when the run fails, and the closing summary. The full Ansible output is kept in
+artifacts/<run_id>/ansible.log. Exits with the playbook's exit code; --detach returns once every node runs.
+Ctrl-C or SIGTERM stops the run on every node, collects what exists, marks it cancelled and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
-import shutil
+import signal
 import sys
-import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-import ansible_runner
+import jobctl
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
-POLL_TASK = "Wait for the job"
 SUMMARY_TASK = "Summarise the run"
 PACK_TASK = "Pack train_workdir on the controller"
 # The tasks worth a line of their own: the run's stages, in the order they happen.
@@ -48,19 +48,11 @@ MILESTONES = {
 }
 
 
-def progress_line(host: str, report: dict[str, Any]) -> str | None:
-    metrics = report.get("metrics") or {}
-    if not metrics:
+def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
+    """step n/N (p%), loss, samples/s, elapsed, ETA: from the master's newest metrics line."""
+    if not report.get("metrics"):
         return f"  [{host}] {report.get('job', '?')}: waiting for the first step"
-    fields = [f"step {metrics.get('step', '?')}"]
-    for key, label, fmt in (
-        ("epoch", "epoch", "{}"),
-        ("loss", "loss", "{:.4f}"),
-        ("samples_per_s", "samples/s", "{:.1f}"),
-    ):
-        if isinstance(metrics.get(key), int | float):
-            fields.append(f"{label} {fmt.format(metrics[key])}")
-    return f"  [{host}] " + ", ".join(fields)
+    return f"  [{host}] {jobctl.progress_fields(report['metrics'])}, elapsed {jobctl.duration(elapsed_s)}"
 
 
 class Printer:
@@ -69,6 +61,7 @@ class Printer:
     def __init__(self) -> None:
         self.run_id: str | None = None
         self.last_progress: dict[str, str] = {}
+        self.started = time.monotonic()
 
     def __call__(self, event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
@@ -77,8 +70,9 @@ class Printer:
         result = data.get("res", {})
         if kind == "playbook_on_task_start" and task in MILESTONES:
             print(f"- {MILESTONES[task]}", flush=True)
-        elif kind in ("runner_retry", "runner_on_ok") and task.startswith(POLL_TASK):
-            self._progress(data.get("host", "?"), result, self.last_progress)
+            self.started = time.monotonic()  # elapsed counts from the latest stage: in the end, the launch
+        elif report := jobctl.node_report(event, jobctl.POLL_REPORT):
+            self._progress(data.get("host", "?"), report, self.last_progress, time.monotonic() - self.started)
         elif kind == "runner_on_ok" and task == PACK_TASK:
             print(
                 f"  packed {result.get('files')} files, {result.get('bytes', 0) / 1e3:.1f} kB, "
@@ -91,21 +85,21 @@ class Printer:
             for line in result.get("msg", []):
                 print(f"  {line}", flush=True)
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            # A failing command's own words say more than Ansible's "non-zero return code".
+            said = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()[-5:]
             print(f"  FAILED [{data.get('host')}] {result.get('msg', '')}", file=sys.stderr, flush=True)
+            for line in said:
+                print(f"    {line}", file=sys.stderr, flush=True)
         elif kind == "runner_on_unreachable":
             print(f"  UNREACHABLE [{data.get('host')}] {result.get('msg', '')}", file=sys.stderr, flush=True)
         return True
 
     @staticmethod
-    def _progress(host: str, result: dict[str, Any], last: dict[str, str]) -> None:
-        try:
-            report = json.loads(result.get("stdout", ""))
-        except json.JSONDecodeError:
-            return
+    def _progress(host: str, report: dict[str, Any], last: dict[str, str], elapsed_s: float) -> None:
         if "metrics" in report:
-            line = progress_line(host, report)
-            # One line per change: a poll that saw nothing new says nothing.
-            if line and line != last.get(host):
+            line = progress_line(host, report, elapsed_s)
+            # One line per change of step: a poll that saw nothing new says nothing.
+            if line.split(", elapsed")[0] != last.get(host, "").split(", elapsed")[0]:
                 last[host] = line
                 print(line, flush=True)
 
@@ -118,6 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--args", default="", help="the program's arguments, split as a shell would")
     parser.add_argument("--workdir", type=Path, help="the directory shipped (default: the program's)")
     parser.add_argument("--job", help="job name (default: the workdir's name); its work dir persists across runs")
+    parser.add_argument("--detach", action="store_true", help="return once every node runs the job")
+    parser.add_argument("--artifacts", type=Path, help="train_artifacts_dir (default: the inventory's)")
     parser.add_argument(
         "-e",
         "--extra-vars",
@@ -162,7 +158,7 @@ def extra_vars_cmdline(values: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    extravars: dict[str, Any] = {"train_resume": args.resume}
+    extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach}
     if args.program:
         try:
             extravars |= program_vars(args.program, args.args, args.workdir, args.job)
@@ -174,32 +170,58 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     elif args.job:
         extravars["train_job_name"] = args.job
+    artifacts = (args.artifacts or jobctl.ARTIFACTS).resolve()
+    if args.artifacts:
+        extravars["train_artifacts_dir"] = str(artifacts)
+
+    # Ctrl-C reaches the whole foreground process group: ansible-playbook stops by itself; the job's processes
+    # run in sessions of their own and are stopped below, through the same path as `make stop`.
+    interrupted = threading.Event()
+    received: list[int] = []
+
+    def interrupt(signum: int, _frame: object) -> None:
+        received.append(signum)
+        interrupted.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
     printer = Printer()
-    with tempfile.TemporaryDirectory(prefix="ddp-runner-") as private_dir:
-        run = ansible_runner.run(
-            private_data_dir=private_dir,
-            project_dir=str(ROOT),
-            playbook=str(PLAYBOOK),
-            inventory=str((ROOT / args.inventory).resolve()),
-            extravars=extravars,
-            cmdline=extra_vars_cmdline(args.extra_vars) or None,
-            # ansible-playbook is the one installed beside this interpreter (the project's .venv).
-            envvars={
-                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-                "ANSIBLE_NOCOLOR": "1",
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            },
-            quiet=True,
-            event_handler=printer,
-        )
-        log = Path(private_dir) / "artifacts" / run.config.ident / "stdout"
-        if printer.run_id and log.exists():
-            destination = ROOT / "artifacts" / printer.run_id / "ansible.log"
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(log, destination)
-            print(f"  full Ansible output: {destination.relative_to(ROOT)}")
+    run = jobctl.run_playbook(
+        PLAYBOOK,
+        str((ROOT / args.inventory).resolve()),
+        extravars,
+        printer,
+        cmdline=extra_vars_cmdline(args.extra_vars) or None,
+        cancel=interrupted.is_set,
+    )
+    if printer.run_id:
+        destination = artifacts / printer.run_id / "ansible.log"
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_text(run.output)
+        print(f"  full Ansible output: {destination}")
+    if interrupted.is_set():
+        cancel(printer.run_id, artifacts)
+        # Die of the signal, as an interrupted command does: make and shells then stop too (exit 130 for SIGINT).
+        signal.signal(received[0], signal.SIG_DFL)
+        os.kill(os.getpid(), received[0])
+    if run.rc == 0 and args.detach:
+        print(f"run {printer.run_id} is running on every node, detached. From any terminal:")
+        for command in ("status", "logs FOLLOW=1", "stop"):
+            print(f"  make {command} RUN={printer.run_id}")
+        return 0
     print(f"training {'finished' if run.rc == 0 else 'FAILED'} (status {run.status}, exit {run.rc})")
     return run.rc
+
+
+def cancel(run_id: str | None, artifacts: Path) -> None:
+    """Ctrl-C or SIGTERM: stop the run everywhere, collect what exists, and mark it cancelled."""
+    signal.signal(signal.SIGINT, lambda *_: print("  stopping the run; please wait", file=sys.stderr))
+    record = artifacts / str(run_id) / "run.json"
+    if run_id is None or not record.is_file():
+        print("interrupted before any node started the run: nothing to stop")
+        return
+    print(f"interrupted: stopping run {run_id} on every node")
+    jobctl.stop(jobctl.find_run(run_id, artifacts))
 
 
 if __name__ == "__main__":

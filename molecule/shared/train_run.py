@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -81,6 +82,27 @@ def train(cancel: threading.Event | None = None, **extravars: Any) -> tuple[Any,
     )
     new = sorted(set(run_dirs()) - before)
     return runner, (new[-1] if new else None)
+
+
+def cli(program: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """ansible/run_training.py (make train) or ansible/jobctl.py (make status/logs/stop/runs) on the test hosts."""
+    command = [sys.executable, str(ROOT / "ansible" / program), *args]
+    if program == "run_training.py":
+        command += ["--inventory", str(INVENTORY)]
+    command += ["--artifacts", str(ARTIFACTS)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def start_cli_training(*args: str) -> subprocess.Popen[str]:
+    """ansible/run_training.py in a process group of its own (as a terminal's foreground job), output piped."""
+    command = [sys.executable, str(ROOT / "ansible/run_training.py"), "--inventory", str(INVENTORY)]
+    return subprocess.Popen(
+        [*command, "--artifacts", str(ARTIFACTS), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def play_failure(output: str) -> str:

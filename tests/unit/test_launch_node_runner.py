@@ -158,3 +158,60 @@ def test_rendezvous_check_master_and_peer_meet():
     peer = run_runner("check-rendezvous", "--port", str(port), "--master-addr", "127.0.0.1", "--timeout", "10")
     assert peer.returncode == 0, peer.stderr
     assert master.wait(timeout=15) == 0
+
+
+def test_a_node_whose_status_never_appears_counts_as_failed(tmp_path):
+    # node0 beats on; node1's launch died before it wrote its first status.
+    seen, start = {}, 1000.0
+    for beat, now in enumerate((start, start + 20, start + 40, start + 60, start + 80), start=1):
+        write_status(tmp_path, "node0", beat=beat)
+        assert ddp_node.job_state(tmp_path, NODES, 30, now, seen) == {"job": "running"}
+    write_status(tmp_path, "node0", beat=9)
+    state = ddp_node.job_state(tmp_path, NODES, 30, start + ddp_node.NEVER_STARTED_AFTER_S + 1, seen)
+    assert (state["job"], state["failed_node"]) == ("failed", "node1")
+    assert state["reason"].startswith("never started")
+
+
+def test_a_stale_stopping_marker_cannot_turn_a_failure_into_a_stop(tmp_path):
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    node_dir.mkdir()
+    (node_dir / "stopping").touch()  # left by an earlier run under the same id
+    common = ["--node-dir", str(node_dir), "--shared-dir", str(shared), "--node", "node0"]
+    assert run_runner("launch", *common, "--", "sh", "-c", "exit 3").returncode == 3
+    state = json.loads(run_runner("poll", *common, "--nodes", "node0").stdout)
+    assert (state["job"], state["failed_node"], state["reason"]) == ("failed", "node0", "exit code 3")
+
+
+def test_poll_and_read_log_print_reports_of_their_kind(tmp_path):
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    common = ["--node-dir", str(node_dir), "--shared-dir", str(shared), "--node", "node0"]
+    run_runner("launch", *common, "--", "sh", "-c", "echo first; echo second")
+    poll = json.loads(run_runner("poll", *common, "--nodes", "node0").stdout)
+    assert (poll["kind"], poll["job"], poll["started"]) == (ddp_node.POLL_REPORT, "succeeded", ["node0"])
+    whole = json.loads(run_runner("read-log", "--node-dir", str(node_dir)).stdout)
+    assert (whole["kind"], whole["text"], whole["ended"]) == (ddp_node.LOG_REPORT, "first\nsecond\n", True)
+    rest = json.loads(run_runner("read-log", "--node-dir", str(node_dir), "--offset", "6").stdout)
+    assert (rest["text"], rest["offset"]) == ("second\n", whole["offset"])
+
+
+def test_pack_changed_takes_only_what_the_run_wrote_newest_first_within_the_cap(tmp_path):
+    import os
+    import tarfile
+
+    work, marker = tmp_path / "work", tmp_path / "started"
+    (work / "sub").mkdir(parents=True)
+    (work / "old.txt").write_text("before the run")
+    marker.write_text("run\n")
+    os.utime(work / "old.txt", (1000, 1000))
+    os.utime(marker, (2000, 2000))
+    for name, mtime, size in (("snapshot.pt", 3000, 10), ("sub/log.txt", 4000, 10), ("big.bin", 5000, 100)):
+        (work / name).write_bytes(b"x" * size)
+        os.utime(work / name, (mtime, mtime))
+    out = tmp_path / "work.tar"
+    args = ["pack-changed", "--dir", str(work), "--since", str(marker), "--out", str(out), "--max-bytes", "25"]
+    report = json.loads(run_runner(*args).stdout)
+    assert report == {"files": ["sub/log.txt", "snapshot.pt"], "bytes": 20, "skipped": ["big.bin"]}
+    with tarfile.open(out) as tar:
+        assert sorted(tar.getnames()) == ["snapshot.pt", "sub/log.txt"]
+    only_pt = json.loads(run_runner(*args, "--glob", "*.pt").stdout)
+    assert only_pt["files"] == ["snapshot.pt"]

@@ -3,36 +3,17 @@ persistent work dir with exactly its arguments, its outputs collected, and resum
 
 import hashlib
 import json
-import re
 import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+from _make import ROOT, make_train, node_log
 
-ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "examples" / "ddp-tutorial"
-RUN_LINE = re.compile(r"run (\S+): (succeeded|FAILED)")
 
 pytestmark = pytest.mark.slow
-
-
-def make_train(*assignments: str) -> tuple[subprocess.CompletedProcess, str | None]:
-    done = subprocess.run(
-        ["make", "--no-print-directory", "train", *assignments],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    found = RUN_LINE.search(done.stdout)
-    return done, found.group(1) if found else None
-
-
-def node_log(run_id: str) -> str:
-    return (ROOT / "artifacts" / run_id / "logs" / "localhost" / "node.log").read_text()
 
 
 @pytest.fixture

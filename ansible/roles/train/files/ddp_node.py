@@ -12,6 +12,9 @@
         Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
         `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
         S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
+    ddp_node.py read-log --node-dir D [--offset N]
+        Prints {"offset": END, "text": ..., "ended": BOOL}: this node's log from byte N on, and whether its part
+        of the job has ended (for `make logs`, following).
     ddp_node.py check-rendezvous --port P [--master-addr A --peers N] [--timeout S]
         Run on every node at once before launch. On the master (no --master-addr): fails at once if the port
         is taken, otherwise accepts N peer connections within the timeout. On a peer: connects to A:P,
@@ -46,6 +49,13 @@ from pathlib import Path
 from typing import Any
 
 HEARTBEAT_EVERY_S = 5.0
+# The "kind" of the JSON that poll and read-log print: the contract with the controller's programs
+# (ansible/jobctl.py), which find these reports in any task's result by it, whatever the task is called.
+POLL_REPORT = "ddp_node.poll/1"
+LOG_REPORT = "ddp_node.log/1"
+# A node whose status file has not appeared this long after the first poll never started. Generous: an NFS
+# client can keep a negative lookup of a file created after it first looked for up to a minute.
+NEVER_STARTED_AFTER_S = 90.0
 JOB_TAG_VAR = "DDP_NODE_JOB"
 
 
@@ -53,6 +63,8 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
     node_dir.mkdir(parents=True, exist_ok=True)
     shared_dir.mkdir(parents=True, exist_ok=True)
     status = shared_dir / f"status-{node}.json"
+    # A marker left by an earlier run under the same id must not make this run's failure look like a stop.
+    (node_dir / "stopping").unlink(missing_ok=True)
     _write_status(status, beat=0, exit_code=None)
     # Every process of the job inherits the tag, also those that leave the group: torchrun starts each rank in
     # a session of its own, so a torchrun killed mid-restart would otherwise leave its ranks running.
@@ -182,7 +194,12 @@ def job_state(
     if all(code is not None for code in exits.values()):
         return {"job": "stopped"}
     for node, status in statuses.items():
-        if status is None or exits[node] is not None:
+        if status is None:
+            first_missed = seen.setdefault(node, {"beat": None, "since": now})["since"]
+            if now - first_missed > max(stale_after_s, NEVER_STARTED_AFTER_S):
+                return {"job": "failed", "failed_node": node, "reason": f"never started ({now - first_missed:.0f} s)"}
+            continue
+        if exits[node] is not None:
             continue
         last = seen.get(node)
         if last is None or last["beat"] != status.get("beat"):
@@ -207,18 +224,43 @@ def poll(args: argparse.Namespace) -> int:
         seen = json.loads(seen_file.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         seen = {}
-    state = job_state(args.shared_dir, args.nodes.split(","), args.stale_after, time.time(), seen)
+    nodes = args.nodes.split(",")
+    now = time.time()
+    state = job_state(args.shared_dir, nodes, args.stale_after, now, seen)
     seen_file.write_text(json.dumps(seen))
     report: dict[str, object] = {
+        "kind": POLL_REPORT,
         "node": args.node,
         "node_state": "exited" if exit_code is not None else "running" if pgid else "not started",
         "exit_code": exit_code,
+        "started": [node for node in nodes if (args.shared_dir / f"status-{node}.json").exists()],
+        "heartbeat_age_s": _heartbeat_age(args.shared_dir / f"status-{args.node}.json", now),
         **state,
     }
     if args.metrics:
         report["metrics"] = _last_line(args.metrics)
     print(json.dumps(report))
     return 0 if report["job"] == "running" else 1
+
+
+def _heartbeat_age(status: Path, now: float) -> float | None:
+    try:
+        return round(now - status.stat().st_mtime, 1)
+    except FileNotFoundError:
+        return None
+
+
+def read_log(args: argparse.Namespace) -> int:
+    try:
+        with (args.node_dir / "node.log").open("rb") as log:
+            log.seek(args.offset)
+            data = log.read()
+    except FileNotFoundError:
+        data = b""
+    ended = (args.node_dir / "exit").exists()
+    text = data.decode(errors="replace")
+    print(json.dumps({"kind": LOG_REPORT, "offset": args.offset + len(data), "text": text, "ended": ended}))
+    return 0
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -328,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--peers", type=int, default=0)
     check.add_argument("--timeout", type=float, default=20.0)
     sub.choices["stop"].add_argument("--container")
+    reader = sub.add_parser("read-log")
+    reader.add_argument("--node-dir", type=Path, required=True)
+    reader.add_argument("--offset", type=int, default=0)
     packer = sub.add_parser("pack-changed")
     packer.add_argument("--dir", type=Path, required=True)
     packer.add_argument("--since", type=Path, required=True)
@@ -340,7 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             parser.error("launch needs a command after --")
         return launch(args.node_dir, args.shared_dir, args.node, command)
-    actions = {"poll": poll, "stop": stop, "check-rendezvous": check_rendezvous, "pack-changed": pack_changed}
+    actions = {
+        "poll": poll,
+        "stop": stop,
+        "check-rendezvous": check_rendezvous,
+        "pack-changed": pack_changed,
+        "read-log": read_log,
+    }
     return actions[args.action](args)
 
 

@@ -1,4 +1,4 @@
-"""Filters behind the train role's inventory checks: decisions with a loop, kept out of Jinja and unit-tested."""
+"""Filters behind the train role's checks and verdicts: decisions with a loop, kept out of Jinja and unit-tested."""
 
 from __future__ import annotations
 
@@ -35,10 +35,54 @@ def unsafe_name(value: object) -> bool:
     return not SAFE_NAME.match(text) or ".." in text
 
 
+# Lines that say what went wrong first, in the order torchrun's ranks print them; torchrun's own summary of a
+# failed child ("ChildFailedError", "Root Cause") repeats them later and is not the cause.
+ERROR_LINE = re.compile(r"(error|exception|traceback|killed|refused|timed? ?out)", re.IGNORECASE)
+TORCHRUN_BOILERPLATE = re.compile(r"(ChildFailedError|torch\.distributed\.elastic|^\s*File \"|^=+$|Root Cause)")
+
+
+def first_error_line(log: str) -> str | None:
+    """The first line of a node's log that names an error, not counting torchrun's failure report."""
+    for line in log.splitlines():
+        if ERROR_LINE.search(line) and not TORCHRUN_BOILERPLATE.search(line) and not line.startswith("Traceback"):
+            return line.strip()
+    return None
+
+
+def outcome(
+    polled: list[dict], ended: list[dict], lost: list[str], broken: dict[str, str], stop_requested: bool = False
+) -> dict[str, object]:
+    """How a run ended, from the nodes' poll reports during the run (polled) and after every node stopped
+    (ended), the hosts that vanished (lost) and the hosts whose part broke down in the play (broken).
+    status is succeeded, failed (with the node that broke the run and why) or cancelled (stopped on request,
+    or every node ended by a stop)."""
+    failed_polled = [r for r in polled if r.get("job") == "failed"]
+    failed_ended = [r for r in ended if r.get("job") == "failed"]
+    # A heartbeat that stopped while every node still ran is the cause. Otherwise trust what the nodes report
+    # once all have stopped: while a run breaks down, a peer's failure can show before its cause.
+    silent = failed_polled and failed_polled[0]["reason"].startswith(("no heartbeat", "never started"))
+    failed = failed_polled if silent else failed_ended or failed_polled
+    if lost:  # a node that vanished is the cause; what its peers report is the consequence
+        return {"status": "failed", "node": lost[0], "reason": "unreachable during the run"}
+    if failed:
+        return {"status": "failed", "node": failed[0]["failed_node"], "reason": failed[0]["reason"]}
+    if broken:
+        node = sorted(broken)[0]
+        return {"status": "failed", "node": node, "reason": broken[node]}
+    jobs = {r.get("job") for r in ended}
+    if jobs == {"succeeded"}:
+        return {"status": "succeeded"}
+    if stop_requested or jobs == {"stopped"}:
+        return {"status": "cancelled"}
+    return {"status": "failed", "node": None, "reason": f"the nodes report the job {'/'.join(sorted(map(str, jobs)))}"}
+
+
 class FilterModule:
     def filters(self) -> dict[str, object]:
         return {
             "train_unknown_variables": unknown_variables,
             "train_spec_options": spec_options,
             "train_unsafe_name": unsafe_name,
+            "train_first_error_line": first_error_line,
+            "train_outcome": outcome,
         }

@@ -1,17 +1,25 @@
 """The two-host proof, run from the controller against the two test hosts that molecule created."""
 
+import json
+import os
+import re
+import signal
 import subprocess
+import time
 
 import pytest
 from train_run import (
+    ARTIFACTS,
     Background,
     break_a_run,
+    cli,
     manifest_check,
     metrics,
     node_exec,
     node_logs,
     play_failure,
     run_dirs,
+    start_cli_training,
     summary,
     train,
     tutorial_workdir,
@@ -73,6 +81,59 @@ def test_own_script_resumes_from_its_snapshot_on_shared_storage_on_every_node(tm
     assert set(logs) == set(NODES)
     for node, log in logs.items():
         assert "Resuming training from snapshot at epoch 4" in log, f"{node}:\n{log[-2000:]}"
+
+
+LONG_RUN = '{"train_steps": 100000, "train_resume": "never", "train_job_name": "%s"}'
+
+
+def test_ctrl_c_on_make_train_stops_every_node_collects_and_marks_it_cancelled():
+    train = start_cli_training("--extra-vars", LONG_RUN % "sigint")
+    output = []
+    for line in train.stdout:  # until the master reports steps
+        output.append(line)
+        if "] step " in line:
+            break
+    interrupted_at = time.monotonic()
+    os.killpg(train.pid, signal.SIGINT)  # what Ctrl-C does to make train's process group
+    rest, _ = train.communicate(timeout=120)
+    output = "".join(output) + rest
+    assert train.returncode == -signal.SIGINT, output[-3000:]  # dies of it: a shell shows 130
+    assert time.monotonic() - interrupted_at < 60, output[-3000:]
+    run_id = output.split("interrupted: stopping run ")[1].split()[0]
+    assert json.loads((ARTIFACTS / run_id / "run.json").read_text())["status"] == "cancelled"
+    assert f"{run_id:<36} sigint           cancelled" in cli("jobctl.py", "runs").stdout
+    assert {p.parent.name for p in (ARTIFACTS / run_id / "logs").glob("*/node.log")} == set(NODES)
+    for node in NODES:
+        assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
+
+
+def test_a_detached_run_is_watched_followed_and_stopped_from_other_commands():
+    started = cli("run_training.py", "--detach", "--extra-vars", LONG_RUN % "detached")
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = re.search(r"^run (\S+) is running on every node", started.stdout, re.MULTILINE).group(1)
+    assert f"make stop RUN={run_id}" in started.stdout
+    for node in NODES:
+        assert leftovers(node), f"{node} does not run its part"
+
+    deadline = time.monotonic() + 120
+    while "step " not in (status := cli("jobctl.py", "status", "--run", run_id)).stdout:
+        assert time.monotonic() < deadline, status.stdout + status.stderr
+    assert "job: running" in status.stdout
+    for node in NODES:
+        assert f"[{node}] running, heartbeat" in status.stdout, status.stdout
+
+    logs = cli("jobctl.py", "logs", "--run", run_id)
+    for node in NODES:
+        assert f"[{node}] " in logs.stdout, logs.stdout[-2000:] + logs.stderr
+    one = cli("jobctl.py", "logs", "--run", run_id, "--node", "train-node1")
+    assert "[train-node1] " in one.stdout and "[train-node0] " not in one.stdout
+
+    stopped = cli("jobctl.py", "stop", "--run", run_id)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"run {run_id}: cancelled" in stopped.stdout
+    for node in NODES:
+        assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
+    assert f"{run_id:<36} detached         cancelled" in cli("jobctl.py", "runs").stdout
 
 
 def test_killing_torchrun_on_one_node_fails_the_play_naming_it():

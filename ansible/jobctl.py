@@ -1,0 +1,305 @@
+"""A run under control from any terminal: `make status`, `make logs`, `make stop`, `make runs`.
+
+    python ansible/jobctl.py status [--run ID]
+    python ansible/jobctl.py logs [--run ID] [--node NAME] [--follow]
+    python ansible/jobctl.py stop [--run ID]
+    python ansible/jobctl.py runs
+
+A run is found by its artifacts/<run_id>/run.json (written by the train role at launch and at the end), which
+says which inventory, job and nodes it has; --run defaults to the newest run. status, logs and stop run
+ansible/playbooks/job.yml against the run's nodes; status and stop collect and judge a run that is over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+JOB_PLAYBOOK = ROOT / "ansible" / "playbooks" / "job.yml"
+# The reports ansible/roles/train/files/ddp_node.py prints (its POLL_REPORT, LOG_REPORT): found in any task's
+# result by their "kind", so that renaming a task changes nothing here.
+POLL_REPORT = "ddp_node.poll/1"
+LOG_REPORT = "ddp_node.log/1"
+SUMMARY_TASK = "Summarise the run"
+
+
+def run_playbook(
+    playbook: Path,
+    inventory: str,
+    extravars: dict[str, Any],
+    on_event: Callable[[dict[str, Any]], None],
+    *,
+    cmdline: str | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> Any:
+    """ansible-playbook through ansible-runner, quiet; every event goes to on_event. Returns the runner."""
+
+    def handler(event: dict[str, Any]) -> bool:
+        on_event(event)
+        return True
+
+    with tempfile.TemporaryDirectory(prefix="ddp-runner-") as private_dir:
+        runner = ansible_runner.run(
+            private_data_dir=private_dir,
+            project_dir=str(ROOT),
+            playbook=str(playbook),
+            inventory=inventory,
+            extravars=extravars,
+            cmdline=cmdline,
+            # ansible-playbook is the one installed beside this interpreter (the project's .venv).
+            envvars={
+                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+                "ANSIBLE_NOCOLOR": "1",
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            },
+            quiet=True,
+            event_handler=handler,
+            cancel_callback=cancel,
+        )
+        runner.output = runner.stdout.read()  # the private directory goes with this block
+    return runner
+
+
+def node_report(event: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The ddp_node.py report of that kind in a task result (a retry's too), or None."""
+    if event.get("event") not in ("runner_on_ok", "runner_retry", "runner_on_failed"):
+        return None
+    stdout = (event.get("event_data", {}).get("res") or {}).get("stdout")
+    if not isinstance(stdout, str) or not stdout.startswith('{"kind": '):
+        return None
+    try:
+        report = json.loads(stdout)
+    except json.JSONDecodeError:
+        return None
+    return report if report.get("kind") == kind else None
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+@dataclass
+class Run:
+    run_id: str
+    directory: Path
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return self.record.get("status", "refused")  # no run.json: stopped before launch
+
+    @property
+    def started(self) -> str:
+        return self.record.get("started", "")
+
+
+def all_runs(artifacts: Path = ARTIFACTS) -> list[Run]:
+    """Every run under artifacts/, oldest first (runs without run.json, refused before launch, by name)."""
+    runs = []
+    for directory in sorted(artifacts.iterdir()) if artifacts.is_dir() else []:
+        if not directory.is_dir() or directory.name.startswith("."):
+            continue
+        record_file = directory / "run.json"
+        record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+        runs.append(Run(directory.name, directory, record))
+    return sorted(runs, key=lambda run: (run.started, run.run_id))
+
+
+def find_run(run_id: str | None, artifacts: Path = ARTIFACTS) -> Run:
+    launched = [run for run in all_runs(artifacts) if run.record]
+    if run_id is None:
+        if not launched:
+            raise LookupError(f"no run in {artifacts}: start one with make train")
+        return launched[-1]
+    for run in launched:
+        if run.run_id == run_id:
+            return run
+    raise LookupError(f"no run {run_id} in {artifacts} (make runs lists them)")
+
+
+def control_vars(run: Run, action: str) -> dict[str, Any]:
+    """What job.yml needs to find the run again: its id and job, and the settings that place it."""
+    settings = run.record.get("settings", {})
+    return {
+        "train_job_action": action,
+        "train_run_id": run.run_id,
+        "train_job_name": run.record["job"],
+        "train_group": run.record.get("group", "training"),
+        "train_runtime": settings.get("runtime", "host"),
+        "train_node_dir": settings["node_dir"],
+        "train_shared_dir": settings["shared_dir"],
+        "train_artifacts_dir": str(run.directory.parent),
+    }
+
+
+def act(run: Run, action: str, on_event: Callable[[dict[str, Any]], None], **extravars: Any) -> Any:
+    return run_playbook(JOB_PLAYBOOK, run.record["inventory"][0], control_vars(run, action) | extravars, on_event)
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _elapsed(record: dict[str, Any]) -> float | None:
+    try:
+        start = datetime.fromisoformat(record["started"])
+        end = datetime.fromisoformat(record["ended"]) if record.get("ended") else datetime.utcnow()
+    except (KeyError, ValueError):
+        return None
+    return (end - start).total_seconds()
+
+
+def _number(value: object, fmt: str) -> str:
+    return fmt.format(value) if isinstance(value, int | float) else "-"
+
+
+def runs_table(runs: list[Run]) -> list[str]:
+    header = f"{'RUN':<36} {'JOB':<16} {'STATUS':<10} {'STEPS':>6} {'LOSS':>8} {'SAMPLES/S':>10} {'TIME':>7}  CODE"
+    lines = [header]
+    for run in runs:
+        r = run.record
+        code = r.get("code_sha256") or r.get("git_commit") or "-"
+        lines.append(
+            f"{run.run_id:<36} {r.get('job', '-'):<16} {run.status:<10} {_number(r.get('last_step'), '{}'):>6} "
+            f"{_number(r.get('final_loss'), '{:.4f}'):>8} {_number(r.get('samples_per_s'), '{:.0f}'):>10} "
+            f"{duration(_elapsed(r)):>7}  {str(code)[:12]}"
+        )
+    return lines
+
+
+def progress_fields(metrics: dict[str, Any] | None) -> str:
+    """step n/N (p%), loss, samples/s, ETA: from the master's latest metrics line."""
+    if not metrics:
+        return "no metrics yet"
+    step, target = metrics.get("step"), metrics.get("target_step")
+    text = f"step {step}/{target} ({100 * step / target:.0f}%)" if step and target else f"step {step}"
+    if isinstance(metrics.get("loss"), int | float):
+        text += f", loss {metrics['loss']:.4f}"
+    rate = metrics.get("samples_per_s")
+    if isinstance(rate, int | float):
+        text += f", {rate:.0f} samples/s"
+    step_time = metrics.get("step_time_s")
+    if step and target and isinstance(step_time, int | float):
+        text += f", ETA {duration((target - step) * step_time)}"
+    return text
+
+
+class StatusPrinter:
+    def __init__(self) -> None:
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.summary: list[str] = []
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        data = event.get("event_data", {})
+        report = node_report(event, POLL_REPORT)
+        if report:
+            self.reports[data.get("host", "?")] = report
+        elif event.get("event") == "runner_on_ok" and data.get("task", "").startswith(SUMMARY_TASK):
+            self.summary = data["res"].get("msg", [])
+        elif event.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            print(f"  FAILED [{data.get('host')}] {data.get('res', {}).get('msg', '')}", file=sys.stderr)
+
+
+def print_status(run: Run, printer: StatusPrinter) -> None:
+    print(f"run {run.run_id} (job {run.record.get('job')}), started {run.started}, {duration(_elapsed(run.record))}")
+    job = next((report.get("job") for report in printer.reports.values()), "unknown")
+    print(f"  job: {job}")
+    for node, report in sorted(printer.reports.items()):
+        age = report.get("heartbeat_age_s")
+        line = f"  [{node}] {report.get('node_state')}, heartbeat {'-' if age is None else f'{age:.0f} s'} ago"
+        if report.get("exit_code") is not None:
+            line += f", exit {report['exit_code']}"
+        if "metrics" in report:
+            line += f"; {progress_fields(report['metrics'])}"
+        print(line)
+    for line in printer.summary:
+        print(f"  {line}")
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+def status(run: Run) -> int:
+    printer = StatusPrinter()
+    runner = act(run, "status", printer)
+    print_status(find_run(run.run_id, run.directory.parent), printer)
+    return runner.rc
+
+
+def stop(run: Run) -> int:
+    started = time.monotonic()
+    printer = StatusPrinter()
+    runner = act(run, "stop", printer, train_stop_requested=True)
+    for line in printer.summary:
+        print(f"  {line}")
+    print(f"stopped run {run.run_id} everywhere in {time.monotonic() - started:.1f} s")
+    return runner.rc
+
+
+def logs(run: Run, node: str | None, follow: bool, interval_s: float = 2.0) -> int:
+    offsets: dict[str, int] = {}
+    while True:
+        reads: dict[str, dict[str, Any]] = {}
+
+        def on_event(event: dict[str, Any], reads: dict[str, dict[str, Any]] = reads) -> None:
+            report = node_report(event, LOG_REPORT)
+            if report:
+                reads[event["event_data"]["host"]] = report
+
+        runner = act(run, "logs", on_event, __train_log_offsets=offsets, __train_log_nodes=[node] if node else [])
+        if runner.rc != 0:
+            print(runner.output[-3000:], file=sys.stderr)
+            return runner.rc
+        for host, read in sorted(reads.items()):
+            for line in read["text"].splitlines():
+                print(f"[{host}] {line}", flush=True)
+            offsets[host] = read["offset"]
+        if not follow or (reads and all(read.get("ended") for read in reads.values())):
+            return 0
+        time.sleep(interval_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["status", "logs", "stop", "runs"])
+    parser.add_argument("--run", help="run id (default: the newest run)")
+    parser.add_argument("--node", help="logs: only this node")
+    parser.add_argument("--follow", action="store_true", help="logs: keep printing until every node's part ended")
+    parser.add_argument("--artifacts", type=Path, default=ARTIFACTS, help="where the runs are (train_artifacts_dir)")
+    args = parser.parse_args(argv)
+    if args.action == "runs":
+        print("\n".join(runs_table(all_runs(args.artifacts))))
+        return 0
+    try:
+        run = find_run(args.run or None, args.artifacts)
+    except LookupError as error:
+        print(f"make {args.action}: {error}", file=sys.stderr)
+        return 2
+    if args.action == "status":
+        return status(run)
+    if args.action == "stop":
+        return stop(run)
+    return logs(run, args.node, args.follow)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
