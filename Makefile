@@ -21,7 +21,7 @@ ROLE ?=
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,7 +39,8 @@ lint: setup ## yamllint, ansible-lint (production profile), ruff
 	ruff check .
 	ruff format --check .
 
-unit: setup ## pytest on the controller (train/, helpers, inventory logic)
+unit: setup ## pytest on the controller (train/, helpers, inventory logic); installs headless Chromium if absent
+	tests/host/ensure-chromium.sh
 	tests/run-pytest.sh tests/unit
 
 test-hosts: ## Docker engine up and systemd test-host images built (only when their recipe changed)
@@ -87,6 +88,9 @@ stop: setup ## Stop a run on every node, then collect it: [RUN=id]
 
 runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, duration, code
 	$(BIN)/python ansible/jobctl.py runs
+
+report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=id] [COMPARE=other id]
+	$(BIN)/python ansible/jobctl.py report $${RUN:+--run "$$RUN"} $${COMPARE:+--compare "$$COMPARE"}
 
 mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpoint|..] [MAX=N]; prints survivors
 	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))

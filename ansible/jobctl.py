@@ -4,6 +4,7 @@
     python ansible/jobctl.py logs [--run ID] [--node NAME] [--follow]
     python ansible/jobctl.py stop [--run ID]
     python ansible/jobctl.py runs
+    python ansible/jobctl.py report [--run ID] [--compare ID]
 
 A run is found by its artifacts/<run_id>/run.json (written by the train role at launch and at the end), which
 says which inventory, job and nodes it has; --run defaults to the newest run. status, logs and stop run
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+import report as run_report
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -280,14 +282,16 @@ def logs(run: Run, node: str | None, follow: bool, interval_s: float = 2.0) -> i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["status", "logs", "stop", "runs"])
+    parser.add_argument("action", choices=["status", "logs", "stop", "runs", "report"])
     parser.add_argument("--run", help="run id (default: the newest run)")
     parser.add_argument("--node", help="logs: only this node")
     parser.add_argument("--follow", action="store_true", help="logs: keep printing until every node's part ended")
+    parser.add_argument("--compare", help="report: another run drawn over this one")
     parser.add_argument("--artifacts", type=Path, default=ARTIFACTS, help="where the runs are (train_artifacts_dir)")
     args = parser.parse_args(argv)
     if args.action == "runs":
         print("\n".join(runs_table(all_runs(args.artifacts))))
+        print(f"each run's report: {args.artifacts}/<run_id>/report.html (make report RUN=<run_id> [COMPARE=<id>])")
         return 0
     try:
         run = find_run(args.run or None, args.artifacts)
@@ -298,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         return status(run)
     if args.action == "stop":
         return stop(run)
+    if args.action == "report":
+        other = ["--compare", str(find_run(args.compare, args.artifacts).directory)] if args.compare else []
+        return run_report.main([str(run.directory), *other])
     return logs(run, args.node, args.follow)
 
 

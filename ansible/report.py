@@ -1,0 +1,194 @@
+"""A run's report: artifacts/<run_id>/report.html, self-contained (plots embedded as PNG), readable offline.
+
+    python ansible/report.py artifacts/<run_id> [--compare artifacts/<other_run_id>]
+
+Plots what the run collected: loss and eval curves, samples/s, step and communication time, the share of each
+step spent communicating, and how long each checkpoint stalled training; then the run's status, settings and
+versions from run.json. With --compare, another run's curves are drawn over this one's. `make report RUN=a
+[COMPARE=b]` runs it; the train role runs it after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+
+mpl.use("Agg")  # no display: render to memory
+import matplotlib.pyplot as plt
+
+
+@dataclass
+class RunData:
+    name: str
+    record: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def load(run_dir: Path) -> RunData:
+    metrics = run_dir / "metrics"
+    return RunData(
+        name=run_dir.name,
+        record=_json(run_dir / "run.json"),
+        summary=_json(metrics / "summary.json"),
+        steps=_jsonl(metrics / "metrics.jsonl"),
+        checkpoints=_jsonl(metrics / "checkpoints.jsonl"),
+    )
+
+
+def _series(run: RunData, key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], r[key]) for r in run.steps if isinstance(r.get(key), int | float)]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def comm_share(run: RunData) -> tuple[list[float], list[float]]:
+    """Per step, the fraction of the step spent in communication (where the program measured it)."""
+    points = [
+        (r["step"], r["comm_time_s"] / r["step_time_s"])
+        for r in run.steps
+        if isinstance(r.get("comm_time_s"), int | float) and r.get("step_time_s")
+    ]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _png(figure: plt.Figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def plots(runs: list[RunData]) -> dict[str, str]:
+    """Title -> base64 PNG, for each plot the runs have data for (the first run drawn first, others over it)."""
+    panels = {
+        "Loss": [("loss", "train"), ("eval_loss", "eval")],
+        "Throughput (samples/s)": [("samples_per_s", "samples/s")],
+        "Step time and communication time (s)": [("step_time_s", "step"), ("comm_time_s", "communication")],
+    }
+    out = {}
+    for title, keys in panels.items():
+        figure, axes = plt.subplots(figsize=(7, 3.2))
+        drawn = False
+        for run in runs:
+            for key, label in keys:
+                x, y = _series(run, key)
+                if x:
+                    axes.plot(x, y, marker="." if len(x) < 50 else None, label=f"{run.name}: {label}")
+                    drawn = True
+        if drawn:
+            axes.set(title=title, xlabel="step")
+            axes.legend(fontsize=7)
+            out[title] = _png(figure)
+        else:
+            plt.close(figure)
+    share = [(run, *comm_share(run)) for run in runs]
+    if any(x for _, x, _ in share):
+        figure, axes = plt.subplots(figsize=(7, 3.2))
+        for run, x, y in share:
+            axes.plot(x, [100 * v for v in y], label=run.name)
+        axes.set(title="Communication share of each step (%)", xlabel="step", ylim=(0, 100))
+        axes.legend(fontsize=7)
+        out["Communication share"] = _png(figure)
+    if any(run.checkpoints for run in runs):
+        figure, axes = plt.subplots(figsize=(7, 3.2))
+        for run in runs:
+            blocked = [(c["step"], c.get("ckpt_block_s") or 0.0) for c in run.checkpoints]
+            axes.bar([b[0] for b in blocked], [b[1] for b in blocked], width=2, alpha=0.7, label=f"{run.name}")
+        axes.set(title="Training stalled by each checkpoint (s)", xlabel="step")
+        axes.legend(fontsize=7)
+        out["Checkpoint stalls"] = _png(figure)
+    return out
+
+
+def _rounded(value: object, digits: int) -> object:
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _table(rows: dict[str, Any]) -> str:
+    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_cell(v))}</td></tr>" for k, v in rows.items())
+    return f"<table>{cells}</table>" if rows else "<p>-</p>"
+
+
+def render(run: RunData, compare: RunData | None = None) -> str:
+    runs = [run] + ([compare] if compare else [])
+    images = plots(runs)
+    figures = "".join(
+        f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></figure>'
+        for title, png in images.items()
+    )
+    record, summary = run.record, run.summary
+    overview = {
+        "status": record.get("status", "unknown"),
+        "job": record.get("job"),
+        "started": record.get("started"),
+        "ended": record.get("ended"),
+        "steps": f"{summary.get('first_step')}..{summary.get('last_step')}" if summary else None,
+        "final loss": _rounded(summary.get("final_loss"), 4),
+        "mean samples/s": _rounded(summary.get("mean_samples_per_s"), 1),
+        "world size": summary.get("world_size"),
+        "checkpoint stall fraction": (
+            round(summary["checkpoint_block_s_total"] / summary["wall_time_s"], 4)
+            if summary.get("wall_time_s") and "checkpoint_block_s_total" in summary
+            else None
+        ),
+        "code": record.get("code_sha256") or record.get("git_commit"),
+    }
+    title = f"Run {run.name}" + (f" compared with {compare.name}" if compare else "")
+    no_plots = "" if images else "<p>The program wrote no metrics (metrics.jsonl) to DDP_OUTPUT_DIR.</p>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}th{{text-align:left;padding-right:1em}}
+td{{font-family:monospace}}img{{max-width:100%}}</style></head>
+<body><h1>{html.escape(title)}</h1>
+<h2>Outcome</h2>{_table(overview)}
+<h2>Plots</h2>{figures}{no_plots}
+<h2>Settings</h2>{_table(record.get("settings", {}))}
+<h2>DDP in effect</h2>{_table(summary.get("ddp", {}))}
+<h2>Versions</h2>{_table(record.get("versions", {}))}
+</body></html>
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--compare", type=Path, help="another run's artifacts directory, drawn over this one")
+    args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():
+        print(f"report: no run directory {args.run_dir}", file=sys.stderr)
+        return 2
+    compare = load(args.compare) if args.compare else None
+    out = args.run_dir / "report.html"
+    out.write_text(render(load(args.run_dir), compare))
+    print(f"report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
