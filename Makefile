@@ -21,7 +21,7 @@ ROLE ?=
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,8 +39,8 @@ lint: setup ## yamllint, ansible-lint (production profile), ruff
 	ruff check .
 	ruff format --check .
 
-unit: setup ## pytest on the controller (train/, helpers, inventory logic); installs headless Chromium if absent
-	tests/host/ensure-chromium.sh
+unit: setup ## pytest on the controller (train/, helpers, inventory logic); installs Chromium and iperf3 if absent
+	tests/host/ensure-tools.sh
 	tests/run-pytest.sh tests/unit
 
 test-hosts: ## Docker engine up and systemd test-host images built (only when their recipe changed)
@@ -88,6 +88,9 @@ stop: setup ## Stop a run on every node, then collect it: [RUN=id]
 
 runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, duration, code
 	$(BIN)/python ansible/jobctl.py runs
+
+doctor: setup ## Versions, interfaces, TCP per node pair, allreduce sweep, known log failures -> verdicts: [INVENTORY]
+	$(BIN)/python ansible/doctor.py --inventory "$(INVENTORY)" $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
 
 report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=id] [COMPARE=other id]
 	$(BIN)/python ansible/jobctl.py report $${RUN:+--run "$$RUN"} $${COMPARE:+--compare "$$COMPARE"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -75,6 +76,15 @@ def run_playbook(
     return runner
 
 
+def extra_vars_cmdline(values: list[str]) -> str:
+    """ansible-playbook -e options, with @file made absolute (the playbook runs in another directory)."""
+    options = []
+    for value in values:
+        absolute = "@" + str(Path(value[1:]).resolve()) if value.startswith("@") else value
+        options += ["-e", shlex.quote(absolute)]
+    return " ".join(options)
+
+
 def node_report(event: dict[str, Any], kind: str) -> dict[str, Any] | None:
     """The ddp_node.py report of that kind in a task result (a retry's too), or None."""
     if event.get("event") not in ("runner_on_ok", "runner_retry", "runner_on_failed"):
@@ -111,7 +121,8 @@ def all_runs(artifacts: Path = ARTIFACTS) -> list[Run]:
     """Every run under artifacts/, oldest first (runs without run.json, refused before launch, by name)."""
     runs = []
     for directory in sorted(artifacts.iterdir()) if artifacts.is_dir() else []:
-        if not directory.is_dir() or directory.name.startswith("."):
+        # A run has run.json, or at least the log of a launch refused before it started (not make doctor's).
+        if not ((directory / "run.json").is_file() or (directory / "ansible.log").is_file()):
             continue
         record_file = directory / "run.json"
         record = json.loads(record_file.read_text()) if record_file.is_file() else {}

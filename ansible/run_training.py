@@ -147,15 +147,6 @@ def program_vars(program: Path, args: str, workdir: Path | None, job: str | None
     return shipped | ({"train_program_args": shlex.split(args)} if args else {})
 
 
-def extra_vars_cmdline(values: list[str]) -> str:
-    """ansible-playbook -e options, with @file made absolute (the playbook runs in another directory)."""
-    options = []
-    for value in values:
-        absolute = "@" + str(Path(value[1:]).resolve()) if value.startswith("@") else value
-        options += ["-e", shlex.quote(absolute)]
-    return " ".join(options)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach}
@@ -191,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         str((ROOT / args.inventory).resolve()),
         extravars,
         printer,
-        cmdline=extra_vars_cmdline(args.extra_vars) or None,
+        cmdline=jobctl.extra_vars_cmdline(args.extra_vars) or None,
         cancel=interrupted.is_set,
     )
     if printer.run_id:

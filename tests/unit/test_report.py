@@ -69,7 +69,7 @@ def test_compare_draws_the_other_run_too_and_a_run_without_metrics_says_so(tmp_p
 
 def test_a_browser_shows_the_plots(tmp_path):
     chromium = shutil.which("chromium")
-    assert chromium, "no chromium: tests/host/ensure-chromium.sh installs it (make unit runs it)"
+    assert chromium, "no chromium: tests/host/ensure-tools.sh installs it (make unit runs it)"
     run = fake_run(tmp_path / "run-a")
     report.main([str(run)])
     shot = tmp_path / "shot.png"

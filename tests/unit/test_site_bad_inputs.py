@@ -201,8 +201,9 @@ CASES = {
         ["nfs_server_shared_dir=data on node0: not an absolute path"],
     ),
     # A client would mount over it, hiding the system's own files.
+    # Only on the client, so that the server's own refusal of /var (the case above) cannot come first.
     "the shared directory is a system directory on a client": (
-        {"group_vars": {"shared_dir": "/var"}},
+        {"hosts": {"node1": {"shared_dir": "/var"}}},
         ["nfs_client_mount_point=/var on node1: a system directory"],
     ),
     "the cluster CIDRs exclude a node's own address": (

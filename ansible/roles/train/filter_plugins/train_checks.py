@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable
 
@@ -77,6 +78,33 @@ def outcome(
     return {"status": "failed", "node": None, "reason": f"the nodes report the job {'/'.join(sorted(map(str, jobs)))}"}
 
 
+def node_pairs(nodes: list[str]) -> list[list[str]]:
+    """Every ordered pair of distinct nodes (each link measured both ways); one node is paired with itself."""
+    if len(nodes) == 1:
+        return [[nodes[0], nodes[0]]]
+    return [[a, b] for a in nodes for b in nodes if a != b]
+
+
+def iperf3_summary(output: str) -> dict[str, object]:
+    """The numbers `make doctor` uses from `iperf3 --json` (receiver side), or the error iperf3 reported."""
+    try:
+        result = json.loads(output) if output.strip() else {}
+    except json.JSONDecodeError:
+        return {"error": f"iperf3 printed no JSON: {output.strip()[:200]}"}
+    if not result:
+        return {"error": "not measured (iperf3 missing on a node)"}
+    if result.get("error"):
+        return {"error": result["error"]}
+    end = result.get("end", {})
+    sender = (end.get("streams") or [{}])[0].get("sender", {})
+    received = end.get("sum_received", {})
+    return {
+        "gbit_per_s": round(received.get("bits_per_second", 0) / 1e9, 3),
+        "mean_rtt_ms": round(sender["mean_rtt"] / 1000, 3) if "mean_rtt" in sender else None,
+        "retransmits": end.get("sum_sent", {}).get("retransmits"),
+    }
+
+
 class FilterModule:
     def filters(self) -> dict[str, object]:
         return {
@@ -85,4 +113,6 @@ class FilterModule:
             "train_unsafe_name": unsafe_name,
             "train_first_error_line": first_error_line,
             "train_outcome": outcome,
+            "train_node_pairs": node_pairs,
+            "train_iperf3_summary": iperf3_summary,
         }

@@ -9,8 +9,6 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: ddp_pack_workdir
 short_description: Pack a directory into a content-addressed tar.gz, honouring .gitignore and .ddpignore
@@ -105,6 +103,10 @@ def pack(src: Path, dest_dir: Path, max_bytes: int, ignore_files: list[str]) -> 
 
 
 def main() -> None:
+    # Imported here: importing ansible patches sys.intern, which breaks torch imported later in the same process
+    # (the unit tests import this module's functions beside torch's).
+    from ansible.module_utils.basic import AnsibleModule
+
     module = AnsibleModule(
         argument_spec={
             "src": {"type": "path", "required": True},

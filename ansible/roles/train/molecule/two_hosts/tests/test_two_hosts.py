@@ -136,6 +136,25 @@ def test_a_detached_run_is_watched_followed_and_stopped_from_other_commands():
     assert f"{run_id:<36} detached         cancelled" in cli("jobctl.py", "runs").stdout
 
 
+def test_doctor_measures_both_directions_and_an_allreduce_across_both_nodes():
+    done = cli("doctor.py")
+    assert "doctor.json and report.md:" in done.stdout, done.stdout + done.stderr
+    report = json.loads((sorted(ARTIFACTS.glob("doctor-*/doctor.json"))[-1]).read_text())
+    assert {(p["client"], p["server"]) for p in report["pairs"]} == {NODES, NODES[::-1]}
+    assert all(p["iperf3"]["gbit_per_s"] > 0 for p in report["pairs"]), report["pairs"]
+    assert report["allreduce"]["world_size"] == 2
+    for node in NODES:
+        assert f"PASS  interfaces on {node}" in done.stdout
+        assert f"INFO  TCP {node} -> " in done.stdout
+
+
+def test_doctor_names_a_gloo_interface_a_node_lacks():
+    done = cli("doctor.py", "--extra-vars", '{"train_env": {"GLOO_SOCKET_IFNAME": "eth7", "OMP_NUM_THREADS": "1"}}')
+    assert done.returncode == 1, done.stdout + done.stderr
+    for node in NODES:
+        assert f"GLOO_SOCKET_IFNAME=eth7 in train_env on {node}: no such interface" in done.stdout, done.stdout
+
+
 def test_killing_torchrun_on_one_node_fails_the_play_naming_it():
     broken = break_a_run("train-node1", ("pkill", "-KILL", "-f", "bin/torchrun"))
     assert broken.rc != 0
