@@ -21,7 +21,7 @@ ROLE ?=
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -91,6 +91,9 @@ runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, 
 
 doctor: setup ## Versions, interfaces, TCP per node pair, allreduce sweep, known log failures -> verdicts: [INVENTORY]
 	$(BIN)/python ansible/doctor.py --inventory "$(INVENTORY)" $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
+
+bench: setup ## Figures of merit p1-p4 (allreduce/link, scaling, no-op rerun, checkpoint stall) -> bench.json
+	$(BIN)/python ansible/bench.py --inventory "$(INVENTORY)"
 
 report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=id] [COMPARE=other id]
 	$(BIN)/python ansible/jobctl.py report $${RUN:+--run "$$RUN"} $${COMPARE:+--compare "$$COMPARE"}

@@ -41,7 +41,7 @@ SUMMARY_TASK = "Summarise the run"
 
 def run_playbook(
     playbook: Path,
-    inventory: str,
+    inventory: str | list[str],
     extravars: dict[str, Any],
     on_event: Callable[[dict[str, Any]], None],
     *,

@@ -64,7 +64,7 @@ CASES = {
     "NCCL_SOCKET_IFNAME names an interface the node lacks": (
         GOOD_GROUPS,
         {"train_env": {"NCCL_SOCKET_IFNAME": "ib9"}},
-        "NCCL_SOCKET_IFNAME=ib9 in train_env on host localhost: no such interface",
+        "NCCL_SOCKET_IFNAME=ib9 in train_env on localhost: no such interface",
     ),
 }
 

@@ -1,0 +1,188 @@
+"""`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
+
+    python ansible/bench.py [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
+
+Writes <artifacts>/bench-<time>/bench.json and prints a table:
+  p1_allreduce_busbw_over_link   allreduce busbw at 64 MiB over the iperf3 bandwidth of the slowest node pair
+                                 (make doctor's measurements, this run's)
+  p2_scaling_efficiency          samples/s on N nodes / (N x samples/s on the first node alone), same per-process
+                                 batch (train.yml with train_group cut to one node); null on one node
+  p3_noop_rerun_over_converge    a site.yml rerun's wall time over the first converge's, with the rerun's changed
+                                 count; measured where site.yml runs (the lab, the e2e stage), passed in with
+                                 --site-seconds; null here otherwise, with the reason
+  p4_checkpoint_stall_fraction   time training was blocked by checkpoints over its wall time, at the default
+                                 checkpoint cadence, with a checkpoint of at least 50 MB
+Every null comes with its reason; the raw numbers behind each ratio, the machine, versions and git commit too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import doctor
+import jobctl
+
+ROOT = jobctl.ROOT
+TRAIN_PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
+# cpu-smoke's CNN at this width has 6.7M parameters: with SGD momentum a checkpoint of about 54 MB.
+CHECKPOINT_WIDTH = 300
+SCALING_STEPS = 40
+STALL_STEPS = 100  # two checkpoints at the default cadence (every 50 steps), the second the final one
+
+
+def train_run(inventory: str | list[str], artifacts: Path, run_id: str, extravars: dict[str, Any]) -> dict[str, Any]:
+    """One train.yml run of the built-in program; its summary.json, or {"error": ...}."""
+    base = {"train_run_id": run_id, "train_job_name": run_id, "train_resume": "never"}
+    runner = jobctl.run_playbook(
+        TRAIN_PLAYBOOK, inventory, base | {"train_artifacts_dir": str(artifacts)} | extravars, lambda _: None
+    )
+    summary = artifacts / run_id / "metrics" / "summary.json"
+    if runner.rc != 0 or not summary.is_file():
+        return {"error": f"run {run_id} failed: see {artifacts / run_id}"}
+    return json.loads(summary.read_text())
+
+
+def args_with(*extra: str) -> list[str]:
+    """The built-in program's arguments (its defaults' shape), plus extra ones."""
+    return [
+        *("--config", "{{ train_config }}", "--steps", "{{ train_steps }}", "--resume", "never"),
+        *("--checkpoint-dir", "{{ train_checkpoint_dir }}", "--output-dir", "{{ train_output_dir }}", *extra),
+    ]
+
+
+def p1(examined: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
+    link = doctor.link_gbit(examined.get("pairs", []))
+    row = next((r for r in bench.get("results", []) if r["size_bytes"] == 64 << 20), None)
+    if link is None or row is None:
+        return {"value": None, "reason": "no iperf3 pair or no 64 MiB allreduce measured", "link_gbit_per_s": link}
+    return {
+        "value": round(row["busbw_gbps"] / (link / 8), 4),
+        "busbw_gbyte_per_s_64mib": row["busbw_gbps"],
+        "link_gbyte_per_s": link / 8,
+        "world_size": bench.get("world_size"),
+    }
+
+
+def p2(nodes: list[str], inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
+    if len(nodes) < 2:
+        return {"value": None, "reason": f"one training node ({nodes[0]}): nothing to scale across"}
+    settings = {"train_steps": SCALING_STEPS, "train_program_args": args_with("--checkpoint-every", "0")}
+    many = train_run(inventory, artifacts, f"{stamp}-scale-n{len(nodes)}", settings)
+    # The first node alone: a group of its own, from a second inventory source beside the cluster's.
+    alone = artifacts / stamp / "one-node.yml"
+    alone.write_text(json.dumps({"bench_one_node": {"hosts": {nodes[0]: {}}}}))
+    one = train_run(
+        [inventory, str(alone)], artifacts, f"{stamp}-scale-n1", settings | {"train_group": "bench_one_node"}
+    )
+    if "error" in many or "error" in one:
+        return {"value": None, "reason": many.get("error") or one.get("error")}
+    rate_n, rate_1 = many["mean_samples_per_s"], one["mean_samples_per_s"]
+    return {
+        "value": round(rate_n / (len(nodes) * rate_1), 4),
+        "samples_per_s_n_nodes": rate_n,
+        "samples_per_s_one_node": rate_1,
+        "nodes": len(nodes),
+        "world_sizes": [many.get("world_size"), one.get("world_size")],
+    }
+
+
+def p3(site_seconds: list[float] | None) -> dict[str, Any]:
+    if not site_seconds:
+        return {
+            "value": None,
+            "reason": "site.yml does not run against this inventory here (inventory/local is refused by it): the "
+            "lab and the e2e stage measure it (tests/e2e), or pass --site-seconds CONVERGE RERUN CHANGED",
+        }
+    converge, rerun, changed = site_seconds
+    return {"value": round(rerun / converge, 4), "converge_s": converge, "rerun_s": rerun, "rerun_changed": changed}
+
+
+def p4(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
+    settings = {
+        "train_steps": STALL_STEPS,
+        "train_program_args": args_with("--set", f"model.width={CHECKPOINT_WIDTH}"),
+    }
+    run_id = f"{stamp}-stall"
+    summary = train_run(inventory, artifacts, run_id, settings)
+    if "error" in summary:
+        return {"value": None, "reason": summary["error"]}
+    sizes = [c["bytes"] for c in _jsonl(artifacts / run_id / "metrics" / "checkpoints.jsonl") if c.get("bytes")]
+    return {
+        "value": round(summary["checkpoint_block_s_total"] / summary["wall_time_s"], 4),
+        "checkpoint_block_s_total": summary["checkpoint_block_s_total"],
+        "wall_time_s": summary["wall_time_s"],
+        "checkpoints": summary.get("checkpoints_written"),
+        "checkpoint_bytes": max(sizes, default=None),
+        "async": summary.get("checkpoint_async"),
+    }
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def machine() -> dict[str, Any]:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "git_commit": commit.stdout.strip() or None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inventory", default="inventory/local")
+    parser.add_argument("--artifacts", type=Path, default=jobctl.ARTIFACTS)
+    parser.add_argument("--site-seconds", type=float, nargs=3, metavar=("CONVERGE", "RERUN", "CHANGED"))
+    args = parser.parse_args(argv)
+    inventory = str((ROOT / args.inventory).resolve())
+    artifacts = args.artifacts.resolve()
+    stamp = time.strftime("bench-%Y%m%d-%H%M%S", time.gmtime())
+    out = artifacts / stamp
+    out.mkdir(parents=True)
+
+    print("- p1: the nodes, their links and an allreduce sweep (make doctor)", flush=True)
+    doctor.main(["--inventory", args.inventory, "--artifacts", str(artifacts)])
+    diagnosis = json.loads((sorted(artifacts.glob("doctor-*/doctor.json"))[-1]).read_text())
+    print("- p2: samples/s on every node, then on the first alone", flush=True)
+    nodes = sorted(diagnosis["nodes"])
+    print("- p4: checkpoint stalls at the default cadence", flush=True)
+    results = {
+        "p1_allreduce_busbw_over_link": p1(diagnosis, diagnosis.get("allreduce") or {}),
+        "p2_scaling_efficiency": p2(nodes, inventory, artifacts, stamp),
+        "p3_noop_rerun_over_converge": p3(args.site_seconds),
+        "p4_checkpoint_stall_fraction": p4(inventory, artifacts, stamp),
+    }
+    versions = {node: {"python": n.get("python"), "torch": n.get("torch")} for node, n in diagnosis["nodes"].items()}
+    bench = {"id": stamp, "inventory": args.inventory, **results, "machine": machine(), "versions": versions}
+    (out / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")
+    for key, result in results.items():
+        value = "null" if result["value"] is None else f"{result['value']:.3f}"
+        raw = result.get("reason") or ", ".join(f"{k} {v}" for k, v in result.items() if k != "value")
+        print(f"{key:<32} {value:>7}  {raw}")
+    print(f"bench.json: {out / 'bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
