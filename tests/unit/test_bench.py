@@ -1,0 +1,24 @@
+"""make bench's ratios from measured numbers (the whole bench runs by hand: README "Performance")."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "ansible"))
+import bench
+
+
+def test_p1_is_busbw_at_64_mib_over_the_slowest_pairs_bandwidth():
+    examined = {"pairs": [{"iperf3": {"gbit_per_s": 8.0}}, {"iperf3": {"gbit_per_s": 16.0}}]}
+    sweep = {"world_size": 2, "results": [{"size_bytes": 64 << 20, "busbw_gbps": 0.5}]}
+    assert bench.p1(examined, sweep)["value"] == 0.5  # 0.5 GB/s over 8 Gbit/s = 1 GB/s
+    missing = bench.p1({"pairs": []}, sweep)
+    assert missing["value"] is None and missing["reason"]
+
+
+def test_p2_and_p3_are_null_with_a_reason_where_they_cannot_be_measured():
+    one_node = bench.p2(["localhost"], "inventory/local", ROOT / "artifacts", "bench-x")
+    assert one_node["value"] is None and "one training node" in one_node["reason"]
+    assert bench.p3(None)["value"] is None and "site.yml" in bench.p3(None)["reason"]
+    measured = bench.p3([400.0, 100.0, 0.0])
+    assert (measured["value"], measured["rerun_changed"]) == (0.25, 0.0)
