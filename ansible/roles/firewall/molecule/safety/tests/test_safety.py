@@ -68,11 +68,21 @@ def test_ruleset_rejected_by_nft_changes_nothing():
 
 
 BAD_INPUTS = {
-    "port above 65535": ({"rendezvous_port": 70000}, "'firewall_rendezvous_port': 70000"),
+    # The messages of the shared validators (ansible/plugins/filter/ddp_validators.py), naming variable and host.
+    "port above 65535": ({"rendezvous_port": 70000}, f"firewall_rendezvous_port=70000 on {NODE}: not a port"),
     "port not a number": ({"firewall_nfs_port": "nfs"}, "firewall_nfs_port"),
-    "range upside down": ({"firewall_data_port_range_start": 52000}, "must not be above"),
-    "rendezvous port in the range": ({"rendezvous_port": 50001}, "inside: {'firewall_rendezvous_port': 50001}"),
-    "malformed CIDR": ({"admin_cidrs": ["172.30.213.1/33"]}, "'172.30.213.1/33'"),
+    "range upside down": (
+        {"firewall_data_port_range_start": 52000},
+        f"firewall_data_port_range_start=52000 on {NODE} is above firewall_data_port_range_end=51999",
+    ),
+    "rendezvous port in the range": (
+        {"rendezvous_port": 50001},
+        f"firewall_rendezvous_port=50001 on {NODE} is also inside firewall_data_port_range_start-end (50000-51999)",
+    ),
+    "malformed CIDR": (
+        {"admin_cidrs": ["172.30.213.1/33"]},
+        f"firewall_admin_cidrs entry 172.30.213.1/33 on {NODE}: not an IP network",
+    ),
     "host bits set": ({"cluster_cidrs": ["10.0.0.1/24"]}, "has host bits set"),
     "bad mode": ({"firewall_data_ports_mode": "everything"}, "firewall_data_ports_mode must be one of"),
     "default drop without admins": ({"admin_cidrs": []}, "firewall_admin_cidrs is empty"),
