@@ -1,15 +1,12 @@
 """Gradient accumulation with model.no_sync() makes the same update as one large batch (loop.train_step)."""
 
-import socket
-
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
+import _train_helpers  # puts train/ on sys.path: first
 import pytest
 import torch
 import torch.distributed as dist
 from components import build_optimizer, build_scaler, build_scheduler, wrap_ddp
 from config import load_config
 from data import DataInfo
-from distributed import DistInfo
 from loop import Trainer, train_step
 from metrics import MetricsLog
 from models import build_model
@@ -17,14 +14,8 @@ from models import build_model
 
 @pytest.fixture
 def gloo_group():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield DistInfo(0, 1, 0, "gloo", torch.device("cpu"))
-    finally:
-        dist.destroy_process_group()
+    with _train_helpers.gloo_group_of_one() as info:
+        yield info
 
 
 class Batches:
