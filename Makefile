@@ -21,7 +21,7 @@ ROLE ?=
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -100,6 +100,9 @@ report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=i
 
 mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpoint|..] [MAX=N]; prints survivors
 	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))
+
+gpu-check: setup ## On a machine with NVIDIA GPUs: nccl sweep, bf16/fp16+GradScaler/PowerSGD runs, MFU (< 8 min)
+	$(BIN)/python train/gpu_check.py
 
 bench-comm: setup ## Allreduce benchmark with 2 local processes
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 train/bench_allreduce.py
