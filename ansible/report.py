@@ -71,6 +71,26 @@ def comm_share(run: RunData) -> tuple[list[float], list[float]]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def per_node(run: RunData) -> dict[str, tuple[list[int], list[float]]]:
+    """node -> (steps, its slowest rank's step time) from the log steps that carry node_step_time_s."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for record in run.steps:
+        for node, seconds in (record.get("node_step_time_s") or {}).items():
+            steps, times = out.setdefault(node, ([], []))
+            steps.append(record["step"])
+            times.append(seconds)
+    return out
+
+
+def slowest_node(run: RunData) -> str | None:
+    """The node whose mean step time is highest, and by how much, when there is more than one node."""
+    means = {node: sum(times) / len(times) for node, (_, times) in per_node(run).items()}
+    if len(means) < 2:
+        return None
+    slow, fast = max(means, key=means.__getitem__), min(means, key=means.__getitem__)
+    return f"{slow}: {means[slow]:.4f} s per step against {means[fast]:.4f} s on {fast}"
+
+
 def _png(figure: plt.Figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
@@ -101,6 +121,14 @@ def plots(runs: list[RunData]) -> dict[str, str]:
             out[title] = _png(figure)
         else:
             plt.close(figure)
+    node_lines = [(run, node, steps, times) for run in runs for node, (steps, times) in per_node(run).items()]
+    if node_lines:
+        figure, axes = plt.subplots(figsize=(7, 3.2))
+        for run, node, steps, times in node_lines:
+            axes.plot(steps, times, marker=".", label=f"{run.name}: {node}")
+        axes.set(title="Step time per node, its slowest rank (s)", xlabel="step")
+        axes.legend(fontsize=7)
+        out["Step time per node"] = _png(figure)
     share = [(run, *comm_share(run)) for run in runs]
     if any(x for _, x, _ in share):
         figure, axes = plt.subplots(figsize=(7, 3.2))
@@ -157,6 +185,7 @@ def render(run: RunData, compare: RunData | None = None) -> str:
             if summary.get("wall_time_s") and "checkpoint_block_s_total" in summary
             else None
         ),
+        "slowest node": slowest_node(run),
         "code": record.get("code_sha256") or record.get("git_commit"),
     }
     title = f"Run {run.name}" + (f" compared with {compare.name}" if compare else "")

@@ -26,6 +26,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -247,4 +248,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # As train.py: no interpreter finalization for gloo's threads to abort in (pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -41,6 +41,7 @@ class Trainer:
     tokens_per_sample: int = 0  # language models: also report tokens/s
     saved_step: int | None = None
     stats: RunStats = field(default_factory=RunStats)
+    rank_nodes: list[str] = field(default_factory=list)  # the host of every rank, by rank
 
     @property
     def global_batch(self) -> int:
@@ -58,9 +59,13 @@ def train(t: Trainer) -> None:
         if t.eval_loader is not None and (t.step == t.target_step or (run.eval_every and t.step % run.eval_every == 0)):
             record |= evaluate(t)
             t.stats.eval = {k: record[k] for k in ("eval_loss", "eval_accuracy")}
+        first = t.stats.first_step is None  # this process's first step (also after a resume)
+        logged = first or t.step % run.log_every == 0 or t.step == t.target_step
+        if logged:  # every rank reaches this at the same steps: a collective is safe here
+            record |= node_times(t, record)
         t.log.step(record)
         t.stats.add(t.step, record["loss"], t.global_batch, record["step_time_s"])
-        if t.step % run.log_every == 0 or t.step in (t.target_step, t.stats.first_step):
+        if logged:
             print0(progress_line(record, t.target_step))
         every = t.cfg.checkpoint.every
         if every and t.step % every == 0 and t.step != t.target_step:
@@ -93,6 +98,25 @@ def train_step(t: Trainer) -> torch.Tensor:
     t.scheduler.step()
     dist.all_reduce(totals)
     return totals
+
+
+def node_times(t: Trainer, record: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each node's slowest rank's step and communication time for this step: a straggler shows as the node whose
+    step time stands out, the others' waiting as their communication time. One small all_gather, at log steps."""
+    comm = record["comm_time_s"]
+    mine = torch.tensor([record["step_time_s"], -1.0 if comm is None else comm], device=t.info.device)
+    every = [torch.zeros_like(mine) for _ in range(t.info.world_size)]
+    if dist.is_initialized():
+        dist.all_gather(every, mine)
+    else:  # plain `python train.py`: one process
+        every = [mine]
+    step_s: dict[str, float] = {}
+    comm_s: dict[str, float | None] = {}
+    for node, times in zip(t.rank_nodes or ["?"] * t.info.world_size, every, strict=True):
+        step, wait = times.tolist()
+        step_s[node] = round(max(step, step_s.get(node, 0.0)), 6)
+        comm_s[node] = None if wait < 0 else round(max(wait, comm_s.get(node) or 0.0), 6)
+    return {"node_step_time_s": step_s, "node_comm_time_s": comm_s}
 
 
 def step_record(t: Trainer, totals: torch.Tensor, seconds: float, lr: float) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import report  # noqa: E402  (a program beside the playbooks, not a package)
 
 MATPLOTLIB_BLUE = (31, 119, 180)  # the first line colour of every plot
 PLOTS = {"Loss", "Throughput (samples/s)", "Step time and communication time (s)", "Communication share",
-         "Checkpoint stalls"}  # fmt: skip
+         "Checkpoint stalls", "Step time per node"}  # fmt: skip
 
 
 def fake_run(directory: Path, steps: int = 30) -> Path:
@@ -28,6 +28,8 @@ def fake_run(directory: Path, steps: int = 30) -> Path:
          "comm_time_s": 0.005, **({"eval_loss": 1.5 / s} if s % 10 == 0 else {})}
         for s in range(1, steps + 1)
     ]  # fmt: skip
+    for line in lines[::10]:  # the log steps carry each node's slowest rank; node1 straggles
+        line["node_step_time_s"] = {"node0": 0.02, "node1": 0.05}
     (metrics / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     checkpoints = [{"step": s, "ckpt_block_s": 0.03, "ckpt_write_s": 0.3} for s in (10, 20, 30)]
     (metrics / "checkpoints.jsonl").write_text("".join(json.dumps(c) + "\n" for c in checkpoints))
@@ -52,7 +54,8 @@ def test_report_embeds_a_png_of_every_plot_and_the_runs_facts(tmp_path):
     assert set(pngs) == PLOTS
     assert all(png.startswith(b"\x89PNG\r\n") for png in pngs.values())
     assert "http" not in page.replace("charset", "")  # nothing to fetch: opens offline
-    for fact in ("succeeded", "fp16_compress_hook", "0.0667", "0.009"):  # 0.009: stall fraction 0.09 / 10
+    facts = ("succeeded", "fp16_compress_hook", "0.0667", "0.009", "node1: 0.0500 s per step against 0.0200 s on node0")
+    for fact in facts:  # 0.009: stall fraction 0.09 / 10
         assert fact in page
 
 

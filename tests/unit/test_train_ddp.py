@@ -7,6 +7,7 @@ at 10 and 20) resumed to 40; and a copy of that 20-step run whose newest checkpo
 
 import shutil
 import signal
+import socket
 import time
 
 import pytest
@@ -50,6 +51,12 @@ def test_loss_falls_and_the_run_reports_itself(runs):
     assert last < 0.6 * first, (first, last)
     for key in ("epoch", "samples_per_s", "step_time_s", "comm_time_s", "peak_mem_bytes", "accuracy", "lr"):
         assert records[-1][key] is not None, key
+    # The log steps (and only they) carry each node's slowest rank's times, gathered from every rank.
+    timed = [r for r in records if "node_step_time_s" in r]
+    assert {r["step"] for r in timed} >= {1, STEPS} and len(timed) < len(records)
+    # The host's slowest rank: at least rank 0's own time, which is among them.
+    assert all(r["node_step_time_s"][socket.gethostname()] >= r["step_time_s"] > 0 for r in timed)
+    assert all(set(r["node_comm_time_s"]) == {socket.gethostname()} for r in timed)
     s = summary(base / "whole")
     assert (s["status"], s["steps"], s["first_step"], s["last_step"], s["world_size"], s["backend"]) == (
         "completed",
