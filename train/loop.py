@@ -104,7 +104,9 @@ def node_times(t: Trainer, record: dict[str, Any]) -> dict[str, dict[str, float 
     """Each node's slowest rank's step and communication time for this step: a straggler shows as the node whose
     step time stands out, the others' waiting as their communication time. One small all_gather, at log steps."""
     comm = record["comm_time_s"]
-    mine = torch.tensor([record["step_time_s"], -1.0 if comm is None else comm], device=t.info.device)
+    # float64 and unrounded: rank 0's own time comes back exactly as it measured it.
+    mine = torch.tensor([record["step_time_s"], -1.0 if comm is None else comm], dtype=torch.float64)
+    mine = mine.to(t.info.device)
     every = [torch.zeros_like(mine) for _ in range(t.info.world_size)]
     if dist.is_initialized():
         dist.all_gather(every, mine)
@@ -114,8 +116,8 @@ def node_times(t: Trainer, record: dict[str, Any]) -> dict[str, dict[str, float 
     comm_s: dict[str, float | None] = {}
     for node, times in zip(t.rank_nodes or ["?"] * t.info.world_size, every, strict=True):
         step, wait = times.tolist()
-        step_s[node] = round(max(step, step_s.get(node, 0.0)), 6)
-        comm_s[node] = None if wait < 0 else round(max(wait, comm_s.get(node) or 0.0), 6)
+        step_s[node] = max(step, step_s.get(node, 0.0))
+        comm_s[node] = None if wait < 0 else max(wait, comm_s.get(node) or 0.0)
     return {"node_step_time_s": step_s, "node_comm_time_s": comm_s}
 
 

@@ -8,6 +8,9 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -61,8 +64,13 @@ def main() -> None:
     try:
         train(args.total_epochs, args.save_every, args.batch_size)
     finally:
+        # DDP holds the process group through reference cycles: free them while the interpreter is whole, or gloo's
+        # threads can abort the process at exit after a good run (pytorch/pytorch#190489, #179291).
+        gc.collect()
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter finalization for what is left of gloo to abort in
