@@ -85,9 +85,10 @@ def train(cancel: threading.Event | None = None, **extravars: Any) -> tuple[Any,
 
 
 def cli(program: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """ansible/run_training.py (make train) or ansible/jobctl.py (make status/logs/stop/runs) on the test hosts."""
+    """ansible/run_training.py (make train), jobctl.py (make status/logs/stop/runs) or doctor.py (make doctor) on the
+    test hosts."""
     command = [sys.executable, str(ROOT / "ansible" / program), *args]
-    if program == "run_training.py":
+    if program in ("run_training.py", "doctor.py"):
         command += ["--inventory", str(INVENTORY)]
     command += ["--artifacts", str(ARTIFACTS)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
