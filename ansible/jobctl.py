@@ -283,6 +283,9 @@ def logs(run: Run, node: str | None, follow: bool, interval_s: float = 2.0) -> i
             print(runner.output[-3000:], file=sys.stderr)
             return runner.rc
         for host, read in sorted(reads.items()):
+            if read["offset"] == 0 and host not in offsets:
+                # Only rank 0 of most programs prints: say that a node is there, silent, rather than nothing.
+                print(f"[{host}] (no output yet)", flush=True)
             for line in read["text"].splitlines():
                 print(f"[{host}] {line}", flush=True)
             offsets[host] = read["offset"]
