@@ -47,7 +47,7 @@ class CallbackModule(DefaultCallback):
         self._progress: dict[str, str] = {}
 
     def v2_runner_retry(self, result: Any) -> None:
-        report = poll_report(result._result)
+        report = poll_report(result.result)
         if report is None:
             super().v2_runner_retry(result)
             return
@@ -57,7 +57,9 @@ class CallbackModule(DefaultCallback):
         line = f"step {metrics['step']}/{metrics.get('target_step', '?')}"
         if isinstance(metrics.get("loss"), int | float):
             line += f", loss {metrics['loss']:.4f}"
-        host = result._host.get_name()
+        host = result.host.get_name()
         if self._progress.get(host) != line:
             self._progress[host] = line
+            if self._last_task_banner != result.task._uuid:  # as the default callback does before a result
+                self._print_task_banner(result.task)
             self._display.display(f"  [{host}] {report.get('job')}: {line}")
