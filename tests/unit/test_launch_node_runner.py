@@ -1,17 +1,16 @@
 """The node runner's view of a job: failure detection, heartbeats, and stopping the process group."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from _modules import load
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "ansible/roles/train/files/ddp_node.py"
-spec = importlib.util.spec_from_file_location("ddp_node", RUNNER)
-ddp_node = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ddp_node)
+ddp_node = load("ddp_node", RUNNER)
 
 NODES = ["node0", "node1"]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from _make import ROOT, make_train, node_log
+from _modules import load
 
 TUTORIAL = ROOT / "examples" / "ddp-tutorial"
 
@@ -68,12 +69,8 @@ def test_a_misspelt_variable_is_refused_before_any_node_is_contacted():
 
 
 def pack_module():
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pack", ROOT / "ansible/roles/train/library/ddp_pack_workdir.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("pack", "ansible/roles/train/library/ddp_pack_workdir.py")
 
 
 def test_packing_honours_the_ignore_files_and_hashes_the_content(tmp_path):

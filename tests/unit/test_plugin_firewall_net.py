@@ -1,16 +1,14 @@
 """The firewall role's filters (firewall_net.py): which CIDRs the role accepts, how they reach the nft sets, and
 whether the controller's address is let in. Pure functions, loaded by path like Ansible does; no Ansible needed."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "ansible/roles/firewall/filter_plugins/firewall_net.py"
-spec = importlib.util.spec_from_file_location("firewall_net", PLUGIN)
-firewall_net = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(firewall_net)
+firewall_net = load("firewall_net", PLUGIN)
 
 FILTERS = firewall_net.FilterModule().filters()
 cidr_errors = FILTERS["firewall_cidr_errors"]

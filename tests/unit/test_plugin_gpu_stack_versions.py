@@ -1,16 +1,14 @@
 """The gpu_stack role's filters (gpu_stack_versions.py): one version per component from dpkg-query, and the
 cross-node comparison (reference value, mismatches, drift from the inventory, the table). Loaded by path."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "ansible/roles/gpu_stack/filter_plugins/gpu_stack_versions.py"
-spec = importlib.util.spec_from_file_location("gpu_stack_versions", PLUGIN)
-gpu_stack_versions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_stack_versions)
+gpu_stack_versions = load("gpu_stack_versions", PLUGIN)
 
 FILTERS = gpu_stack_versions.FilterModule().filters()
 dpkg_summary = FILTERS["gpu_stack_dpkg_summary"]

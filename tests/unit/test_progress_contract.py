@@ -1,11 +1,12 @@
 """The contract between the nodes' runner (ddp_node.py) and the controller's programs (jobctl.py, run_training.py,
 the ddp_default stdout callback): reports are found by their kind, whatever the task that printed them is called."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ansible"))
@@ -13,13 +14,6 @@ import jobctl  # noqa: E402  (programs beside the playbooks, not a package)
 import run_training  # noqa: E402
 
 RUNNER = ROOT / "ansible/roles/train/files/ddp_node.py"
-
-
-def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_reader_knows_the_kinds_the_runner_prints():

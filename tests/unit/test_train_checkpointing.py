@@ -2,7 +2,6 @@
 the same checkpoints either way, their cost in checkpoints.jsonl and summary.json, and a failed background
 write that stops the run."""
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,11 @@ import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
 import checkpoint as ckpt
 import pytest
 import torch
+from _modules import load
 from _train_helpers import SMOKE, TRAIN, gloo_group_of_one, metrics, summary
 from config import load_config
 
-spec = importlib.util.spec_from_file_location("train_main", TRAIN)
-train_main = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_main)
+train_main = load("train_main", TRAIN)
 
 
 def run(directory: Path, *overrides: str) -> None:

@@ -1,16 +1,12 @@
 """The train role's filters: unknown variables, safe names, the first error line of a log, the run's outcome."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "train_checks", ROOT / "ansible/roles/train/filter_plugins/train_checks.py"
-)
-checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checks)
+checks = load("train_checks", "ansible/roles/train/filter_plugins/train_checks.py")
 
 KNOWN = ["train_steps", "train_job_name", "train_program_args", "__train_work_dir"]
 

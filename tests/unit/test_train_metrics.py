@@ -1,17 +1,15 @@
 """train/metrics.py and the small decisions in train/train.py, in one process."""
 
-import importlib.util
 import json
 
 import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
 import pytest
+from _modules import load
 from _train_helpers import TRAIN
 from config import load_config
 from metrics import CommTimer, MetricsLog, RunStats, progress_line
 
-spec = importlib.util.spec_from_file_location("train_main", TRAIN)
-train_main = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_main)
+train_main = load("train_main", TRAIN)
 
 
 def test_comm_time_is_the_union_of_in_flight_intervals():

@@ -2,16 +2,14 @@
 what it refuses and that the refusal names the variable, the value and the host. Pure functions, loaded by path
 like Ansible loads the plugin; no Ansible run, so the whole file takes well under a second."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "ansible/plugins/filter/ddp_validators.py"
-spec = importlib.util.spec_from_file_location("ddp_validators", PLUGIN)
-v = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(v)
+v = load("ddp_validators", PLUGIN)
 
 
 def test_every_validator_is_offered_as_a_filter():
