@@ -1,6 +1,7 @@
 """`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
 
     python ansible/bench.py [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
+                            [--only p1 p2 p3 p4]
 
 Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p1_allreduce_busbw_over_link   allreduce busbw at 64 MiB over the iperf3 bandwidth of the slowest node pair
@@ -36,7 +37,13 @@ TRAIN_PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
 # cpu-smoke's CNN at this width has 6.7M parameters: with SGD momentum a checkpoint of about 54 MB.
 CHECKPOINT_WIDTH = 300
 SCALING_STEPS = 40
-STALL_STEPS = 100  # the config's default checkpoint cadence over 100 steps, the last save the final one
+STALL_STEPS = 100
+FIGURES = {
+    "p1": "p1_allreduce_busbw_over_link",
+    "p2": "p2_scaling_efficiency",
+    "p3": "p3_noop_rerun_over_converge",
+    "p4": "p4_checkpoint_stall_fraction",
+}  # the config's default checkpoint cadence over 100 steps, the last save the final one
 
 
 def train_run(inventory: str | list[str], artifacts: Path, run_id: str, extravars: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +110,12 @@ def p3(site_seconds: list[float] | None) -> dict[str, Any]:
             "lab and the e2e stage measure it (tests/e2e), or pass --site-seconds CONVERGE RERUN CHANGED",
         }
     converge, rerun, changed = site_seconds
-    return {"value": round(rerun / converge, 4), "converge_s": converge, "rerun_s": rerun, "rerun_changed": changed}
+    return {
+        "value": round(rerun / converge, 4),
+        "converge_s": round(converge, 1),
+        "rerun_s": round(rerun, 1),
+        "rerun_changed": int(changed),
+    }
 
 
 def stall(inventory: str, artifacts: Path, run_id: str, staged: bool) -> dict[str, Any]:
@@ -164,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inventory", default="inventory/local")
     parser.add_argument("--artifacts", type=Path, default=jobctl.ARTIFACTS)
     parser.add_argument("--site-seconds", type=float, nargs=3, metavar=("CONVERGE", "RERUN", "CHANGED"))
+    # The e2e stage records p3 from the site.yml runs it makes anyway, without measuring the rest again.
+    parser.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
     args = parser.parse_args(argv)
     inventory = str((ROOT / args.inventory).resolve())
     artifacts = args.artifacts.resolve()
@@ -171,18 +185,24 @@ def main(argv: list[str] | None = None) -> int:
     out = artifacts / stamp
     out.mkdir(parents=True)
 
-    print("- p1: the nodes, their links and an allreduce sweep (make doctor)", flush=True)
-    doctor.main(["--inventory", args.inventory, "--artifacts", str(artifacts)])
-    diagnosis = json.loads((sorted(artifacts.glob("doctor-*/doctor.json"))[-1]).read_text())
-    print("- p2: samples/s on every node, then on the first alone", flush=True)
-    nodes = sorted(diagnosis["nodes"])
-    print("- p4: checkpoint stalls at the default cadence", flush=True)
-    results = {
-        "p1_allreduce_busbw_over_link": p1(diagnosis, diagnosis.get("allreduce") or {}),
-        "p2_scaling_efficiency": p2(nodes, inventory, artifacts, stamp),
-        "p3_noop_rerun_over_converge": p3(args.site_seconds),
-        "p4_checkpoint_stall_fraction": p4(inventory, artifacts, stamp),
+    diagnosis: dict[str, Any] = {"nodes": {}}
+    if {"p1", "p2"} & set(args.only):
+        print("- the nodes, their links and an allreduce sweep (make doctor)", flush=True)
+        doctor.main(["--inventory", args.inventory, "--artifacts", str(artifacts)])
+        diagnosis = json.loads((sorted(artifacts.glob("doctor-*/doctor.json"))[-1]).read_text())
+    measure = {
+        "p1": lambda: p1(diagnosis, diagnosis.get("allreduce") or {}),
+        "p2": lambda: p2(sorted(diagnosis["nodes"]), inventory, artifacts, stamp),
+        "p3": lambda: p3(args.site_seconds),
+        "p4": lambda: p4(inventory, artifacts, stamp),
     }
+    results: dict[str, dict[str, Any]] = {}
+    for short, key in FIGURES.items():
+        if short not in args.only:
+            results[key] = {"value": None, "reason": f"not measured in this run (--only {' '.join(args.only)})"}
+            continue
+        print(f"- {key}", flush=True)
+        results[key] = measure[short]()
     versions = {node: {"python": n.get("python"), "torch": n.get("torch")} for node, n in diagnosis["nodes"].items()}
     bench = {"id": stamp, "inventory": args.inventory, **results, "machine": machine(), "versions": versions}
     (out / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")

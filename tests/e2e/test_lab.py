@@ -4,9 +4,11 @@ the NFS server is restarted mid-run; the job still finishes, every checkpoint st
 one matches the one on NFS. Tests share one lab and one training run (tests/e2e/conftest.py)."""
 
 import hashlib
+import json
 import subprocess
+import sys
 
-from lab import CHECKPOINTS, CLIENT, NODES, STEPS, on, recap
+from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, NODES, ROOT, STEPS, on, recap
 
 
 def test_site_converges(site_runs):
@@ -20,6 +22,37 @@ def test_site_rerun_changes_nothing(site_runs):
     assert second is not None and second.rc == 0, (second.output if second else "no rerun")[-4000:]
     changed = {host: counts["changed"] for host, counts in recap(second.output).items() if counts["changed"]}
     assert not changed, f"the rerun changed something on {changed}:\n{second.output[-4000:]}"
+
+
+def test_bench_records_the_noop_rerun_against_the_converge(site_runs):
+    """make bench's p3, from the two site.yml runs this stage makes anyway (TCG inflates each task's fixed cost,
+    so the lab's ratio is an upper bound of a real cluster's)."""
+    first, second = site_runs
+    assert second is not None and second.rc == 0
+    changed = sum(counts["changed"] for counts in recap(second.output).values())
+    site_seconds = [str(round(first.seconds, 1)), str(round(second.seconds, 1)), str(changed)]
+    bench = subprocess.run(
+        [
+            sys.executable,
+            "ansible/bench.py",
+            "--inventory",
+            str(INVENTORY),
+            "--only",
+            "p3",
+            "--site-seconds",
+            *site_seconds,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    print(bench.stdout)
+    written = bench.stdout.strip().splitlines()[-1].removeprefix("bench.json: ")
+    p3 = json.loads((ARTIFACTS / written).read_text())["p3_noop_rerun_over_converge"]
+    assert p3["rerun_changed"] == 0 and 0 < p3["value"] < 1, p3
 
 
 def test_shared_dir_is_an_nfs_mount_of_the_server_on_the_client(site_runs):

@@ -1,5 +1,6 @@
 """make bench's ratios from measured numbers (the whole bench runs by hand: README "Performance")."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,4 +22,18 @@ def test_p2_and_p3_are_null_with_a_reason_where_they_cannot_be_measured():
     assert one_node["value"] is None and "one training node" in one_node["reason"]
     assert bench.p3(None)["value"] is None and "site.yml" in bench.p3(None)["reason"]
     measured = bench.p3([400.0, 100.0, 0.0])
-    assert (measured["value"], measured["rerun_changed"]) == (0.25, 0.0)
+    assert (measured["value"], measured["rerun_changed"]) == (0.25, 0)
+
+
+def test_only_p3_writes_every_key_with_a_reason_for_each_figure_it_skipped(tmp_path, capsys):
+    assert bench.main(["--only", "p3", "--site-seconds", "400", "100", "0", "--artifacts", str(tmp_path)]) == 0
+    written = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    assert written["p3_noop_rerun_over_converge"] == {
+        "value": 0.25,
+        "converge_s": 400.0,
+        "rerun_s": 100.0,
+        "rerun_changed": 0,
+    }
+    for key in ("p1_allreduce_busbw_over_link", "p2_scaling_efficiency", "p4_checkpoint_stall_fraction"):
+        assert written[key]["value"] is None and "--only p3" in written[key]["reason"]
+    assert "p3_noop_rerun_over_converge        0.250" in capsys.readouterr().out
