@@ -57,11 +57,16 @@ def baseline_vars() -> dict:
 def write_inventory(tmp_path: Path, hosts: dict | None = None, groups: dict | None = None, **group_vars) -> Path:
     """The baseline inventory (node0 serves NFS, node1 mounts it, both train) with a case's overrides: host
     variables (a new host name adds a local host), group memberships (None drops the group), group_vars.
-    A fake device tree with one NVIDIA GPU lies at <inventory>/dev, for preflight_device_dir."""
+    Fake trees with one NVIDIA GPU lie at <inventory>/dev and <inventory>/pci (its HDMI audio function beside it),
+    for preflight_device_dir and preflight_pci_devices_dir."""
     inventory = tmp_path / "inventory"
     (inventory / "group_vars" / "all").mkdir(parents=True)
     (inventory / "dev").mkdir()
     (inventory / "dev" / "nvidia0").touch()
+    for function, device_class in (("0000:17:00.0", "0x030200"), ("0000:17:00.1", "0x040300")):
+        (inventory / "pci" / function).mkdir(parents=True)
+        (inventory / "pci" / function / "vendor").write_text("0x10de\n")
+        (inventory / "pci" / function / "class").write_text(device_class + "\n")
     all_hosts = {name: {**LOCAL, **BASE_HOSTS.get(name, {})} for name in {**BASE_HOSTS, **(hosts or {})}}
     for name, overrides in (hosts or {}).items():
         all_hosts[name].update(overrides)
@@ -120,6 +125,10 @@ CASES = {
     "nproc_per_node above the node's GPUs": (
         {"hosts": {"node1": {"train_nproc_per_node": 2, "preflight_device_dir": "{{ inventory_dir }}/dev"}}},
         ["train_nproc_per_node=2 on node1 is more than its 1 GPU(s)"],
+    ),
+    "a node short of its inventory's gpu_count": (
+        {"hosts": {"node1": {"gpu_count": 2, "preflight_pci_devices_dir": "{{ inventory_dir }}/pci"}}},
+        ["gpu_count=2 in the inventory for node1, but it has 1 NVIDIA GPU(s) on PCI"],
     ),
     "rendezvous port out of range": (
         {"hosts": {"node1": {"rendezvous_port": 70000}}},

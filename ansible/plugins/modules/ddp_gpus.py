@@ -1,0 +1,91 @@
+#!/usr/bin/python
+"""Ansible module ddp_gpus: the one place a node's NVIDIA GPUs are detected (docker, gpu_stack, train, preflight)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: ddp_gpus
+short_description: List a node's NVIDIA GPUs, on PCI and as driver device nodes
+description:
+  - A GPU on PCI is an NVIDIA function (vendor 0x10de) of the display controller class 0x03xxxx; NVIDIA's HDMI
+    audio functions (0x0403xx) and NVSwitches (0x0680xx) do not count. Read from sysfs, so nodes need no
+    pciutils, and true whether or not a driver is loaded (the GPU stage may not have run yet).
+  - A usable GPU is a device node /dev/nvidiaN, which exists once the driver is loaded.
+  - Reads only; never changes the node.
+options:
+  pci_devices_path:
+    description: Directory of PCI functions (tests point it at a fake tree).
+    type: path
+    default: /sys/bus/pci/devices
+  dev_path:
+    description: Directory of device nodes (tests point it at a fake tree).
+    type: path
+    default: /dev
+"""
+
+RETURN = r"""
+pci_gpus:
+  description: PCI addresses of the NVIDIA GPUs, sorted.
+  type: list
+  elements: str
+  returned: always
+device_nodes:
+  description: The /dev/nvidiaN device nodes, in N order.
+  type: list
+  elements: str
+  returned: always
+"""
+
+NVIDIA_VENDOR = "0x10de"
+DISPLAY_CLASS = re.compile(r"^0x03[0-9a-f]{4}$", re.IGNORECASE)
+DEVICE_NODE = re.compile(r"^nvidia([0-9]+)$")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+def pci_gpus(pci_devices_path: str) -> list[str]:
+    root = Path(pci_devices_path)
+    if not root.is_dir():
+        return []
+    return sorted(
+        function.name
+        for function in root.iterdir()
+        if _read(function / "vendor").lower() == NVIDIA_VENDOR and DISPLAY_CLASS.match(_read(function / "class"))
+    )
+
+
+def device_nodes(dev_path: str) -> list[str]:
+    root = Path(dev_path)
+    if not root.is_dir():
+        return []
+    numbered = [(int(m.group(1)), node) for node in root.iterdir() if (m := DEVICE_NODE.match(node.name))]
+    return [str(node) for _, node in sorted(numbered)]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "pci_devices_path": {"type": "path", "default": "/sys/bus/pci/devices"},
+            "dev_path": {"type": "path", "default": "/dev"},
+        },
+        supports_check_mode=True,
+    )
+    module.exit_json(
+        changed=False,
+        pci_gpus=pci_gpus(module.params["pci_devices_path"]),
+        device_nodes=device_nodes(module.params["dev_path"]),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""ddp_gpus, the one GPU detection (docker, gpu_stack, train and the preflight use it), on fake sysfs and /dev."""
+
+from pathlib import Path
+
+from _modules import load
+
+ddp_gpus = load("ddp_gpus", "ansible/plugins/modules/ddp_gpus.py")
+
+
+def pci_function(root: Path, address: str, vendor: str, device_class: str) -> None:
+    (root / address).mkdir(parents=True)
+    (root / address / "vendor").write_text(vendor + "\n")
+    (root / address / "class").write_text(device_class + "\n")
+
+
+def test_a_gpu_is_an_nvidia_display_controller_and_nothing_else_on_the_bus(tmp_path):
+    pci_function(tmp_path, "0000:b1:00.0", "0x10de", "0x030200")  # 3D controller (data-centre GPUs)
+    pci_function(tmp_path, "0000:17:00.0", "0x10de", "0x030000")  # VGA controller
+    pci_function(tmp_path, "0000:17:00.1", "0x10de", "0x040300")  # its HDMI audio function
+    pci_function(tmp_path, "0000:c1:00.0", "0x10de", "0x068000")  # NVSwitch
+    pci_function(tmp_path, "0000:00:02.0", "0x8086", "0x030000")  # another vendor's display controller
+    (tmp_path / "0000:00:1f.0").mkdir()  # a function whose files cannot be read
+    assert ddp_gpus.pci_gpus(str(tmp_path)) == ["0000:17:00.0", "0000:b1:00.0"]
+
+
+def test_device_nodes_are_the_numbered_nvidia_nodes_in_numeric_order(tmp_path):
+    for name in ("nvidia10", "nvidia2", "nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-caps"):
+        (tmp_path / name).touch()
+    assert ddp_gpus.device_nodes(str(tmp_path)) == [str(tmp_path / n) for n in ("nvidia0", "nvidia2", "nvidia10")]
+
+
+def test_a_node_without_the_directories_has_no_gpus(tmp_path):
+    assert ddp_gpus.pci_gpus(str(tmp_path / "missing")) == []
+    assert ddp_gpus.device_nodes(str(tmp_path / "missing")) == []
