@@ -25,7 +25,7 @@ MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_i
 VM_ROLES := nfs_client
 CONTAINER_ROLES := $(filter-out $(VM_ROLES),$(MOLECULE_ROLES))
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench bench-scale gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -111,6 +111,9 @@ report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=i
 
 mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpoint|..] [MAX=N]; prints survivors
 	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))
+
+bench-scale: setup test-hosts ## By hand: site.yml's container-tier stages on 2, 4, 8 test hosts [NODES='2 4 8' STAGES=..]
+	$(BIN)/python tests/scale/bench_scale.py $(if $(NODES),--nodes $(NODES)) $(if $(STAGES),--stages $(STAGES))
 
 gpu-check: setup ## On a machine with NVIDIA GPUs: nccl sweep, bf16/fp16+GradScaler/PowerSGD runs, MFU (< 8 min)
 	$(BIN)/python train/gpu_check.py
