@@ -29,6 +29,10 @@ def test_each_listed_certificate_is_installed(host, name):
     assert installed.is_file and installed.mode == 0o644 and installed.user == "root"
 
 
-def test_a_certificate_dropped_from_the_list_is_removed_and_others_are_left(host):
+def test_a_ca_dropped_from_the_list_is_no_longer_trusted_and_another_tools_ca_still_is(host):
+    """Prepare trusted both (update-ca-certificates) before the role ran; only the role's own file goes."""
     assert not host.file(f"{TRUST_DIR}/ddp-dropped.crt").exists
     assert host.file(f"{TRUST_DIR}/someone-else.crt").exists
+    dropped = host.run(FETCH.format(8445))
+    assert dropped.rc != 0 and "CERTIFICATE_VERIFY_FAILED" in dropped.stderr, dropped.stdout + dropped.stderr
+    assert host.check_output(FETCH.format(8446)) == "ok"
