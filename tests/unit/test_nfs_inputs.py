@@ -1,6 +1,6 @@
 """The NFS roles' input checks (tasks/validate.yml) accept the cluster's settings and refuse exports open to
-everyone, malformed CIDRs and options, and bad mount settings. They run on the controller only: the checks
-are asserts, so no module touches this machine."""
+everyone, malformed CIDRs and options, members outside the cluster CIDRs, and bad mount settings. They run on
+the controller only: the checks are asserts, so no module touches this machine."""
 
 import json
 import os
@@ -101,8 +101,12 @@ def run_cases(tmp_path: Path, role: str, baseline: dict, cases: dict[str, dict])
 
 
 CIDRS = ["10.213.50.0/24"]
+MEMBERS = {"node1": "10.213.50.11", "node2": "10.213.50.12"}
 SERVER_BASELINE = {
     "nfs_server_allowed_cidrs": CIDRS,
+    "nfs_server_export_to": "members",
+    "nfs_server_members": MEMBERS,
+    "nfs_server_allow_weak_options": False,
     "nfs_server_exports": [{"path": "/data"}],
     "nfs_server_export_options": ["rw", "sync", "root_squash", "no_subtree_check"],
     "nfs_server_dir_mode": "0755",
@@ -115,10 +119,27 @@ CLIENT_BASELINE = {
     "nfs_client_mount_point": "/data",
     "nfs_client_nconnect": 4,
     "nfs_client_extra_options": [],
+    "nfs_client_nosuid_nodev": True,
 }
 SERVER_CASES = {
     "cluster": {"nfs_server_allowed_cidrs": CIDRS},
-    "two_networks": {"nfs_server_allowed_cidrs": ["10.0.0.0/8", "192.168.1.0/24"]},
+    "two_networks": {
+        "nfs_server_allowed_cidrs": ["10.0.0.0/8", "192.168.1.0/24"],
+        "nfs_server_members": {"node1": "10.1.2.3", "node2": "192.168.1.7"},
+    },
+    "to_cidrs_without_members": {"nfs_server_export_to": "cidrs", "nfs_server_members": {}},
+    "member_outside": {"nfs_server_members": {**MEMBERS, "node2": "10.213.51.12"}},
+    "member_by_name": {"nfs_server_members": {**MEMBERS, "node2": "node2.example"}},
+    "member_ipv6": {"nfs_server_members": {**MEMBERS, "node2": "fd00::12"}},
+    "no_member": {"nfs_server_members": {}},
+    "export_to_everyone": {"nfs_server_export_to": "everyone"},
+    "no_root_squash": {"nfs_server_export_options": ["rw", "sync", "no_root_squash"]},
+    "insecure_in_export": {"nfs_server_exports": [{"path": "/data", "options": ["rw", "insecure"]}]},
+    "all_squash": {"nfs_server_export_options": ["rw", "sync", "all_squash"]},
+    "weak_meant": {
+        "nfs_server_export_options": ["rw", "sync", "no_root_squash", "insecure", "all_squash"],
+        "nfs_server_allow_weak_options": True,
+    },
     "star": {"nfs_server_allowed_cidrs": ["*"]},
     "star_in_export": {
         "nfs_server_allowed_cidrs": CIDRS,
@@ -148,6 +169,9 @@ CLIENT_CASES = {
         "nfs_client_export": "/data",
         "nfs_client_extra_options": ["noatime,nolock"],
     },
+    "undoes_nosuid": {"nfs_client_extra_options": ["noatime", "suid"]},
+    "undoes_nodev": {"nfs_client_extra_options": ["dev"]},
+    "suid_meant": {"nfs_client_nosuid_nodev": False, "nfs_client_extra_options": ["suid"]},
 }
 
 
@@ -161,7 +185,7 @@ def client_outcomes(tmp_path_factory):
     return run_cases(tmp_path_factory.mktemp("nfs_client"), "nfs_client", CLIENT_BASELINE, CLIENT_CASES)
 
 
-@pytest.mark.parametrize("case", ["cluster", "two_networks", "fast_recovery"])
+@pytest.mark.parametrize("case", ["cluster", "two_networks", "fast_recovery", "to_cidrs_without_members"])
 def test_server_accepts_cluster_cidrs(server_outcomes, case):
     assert server_outcomes[case] == "ok"
 
@@ -183,13 +207,50 @@ def test_server_refuses_bad_paths_options_and_modes(server_outcomes, case):
     assert server_outcomes[case].startswith("nfs_server:")
 
 
-@pytest.mark.parametrize("case", ["cluster", "by_name"])
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("member_outside", "cluster_address=10.213.51.12 on node2 is not in nfs_server_allowed_cidrs (10.213.50.0/24)"),
+        ("member_by_name", "cluster_address=node2.example on node2: not an IP address"),
+        ("member_ipv6", "cluster_address=fd00::12 on node2 is not in nfs_server_allowed_cidrs"),
+    ],
+)
+def test_server_refuses_a_member_outside_the_cluster_cidrs_naming_it(server_outcomes, case, expected):
+    assert server_outcomes[case].startswith("nfs_server: the exports go to each host of group nfs_clients")
+    assert expected in server_outcomes[case]
+
+
+def test_server_refuses_members_mode_without_members(server_outcomes):
+    assert "never `*` or no client at all" in server_outcomes["no_member"]
+    assert "put the hosts that mount it in group nfs_clients" in server_outcomes["no_member"]
+
+
+def test_server_refuses_an_unknown_export_to(server_outcomes):
+    assert "nfs_server_export_to must be members" in server_outcomes["export_to_everyone"]
+
+
+@pytest.mark.parametrize(
+    ("case", "option"),
+    [("no_root_squash", "no_root_squash"), ("insecure_in_export", "insecure"), ("all_squash", "all_squash")],
+)
+def test_server_refuses_weakening_options_unless_meant(server_outcomes, case, option):
+    assert f"entry '{option}' on localhost: weakens root squashing" in server_outcomes[case]
+    assert server_outcomes["weak_meant"] == "ok"
+
+
+@pytest.mark.parametrize("case", ["cluster", "by_name", "suid_meant"])
 def test_client_accepts_a_server_and_export(client_outcomes, case):
     assert client_outcomes[case] == "ok"
 
 
 @pytest.mark.parametrize(
-    "case", ["no_server", "relative_export", "root_mount_point", "nconnect_32", "option_with_comma"]
+    "case",
+    ["no_server", "relative_export", "root_mount_point", "nconnect_32", "option_with_comma", "undoes_nosuid"],
 )
 def test_client_refuses_bad_mount_settings(client_outcomes, case):
     assert client_outcomes[case].startswith("nfs_client:")
+
+
+@pytest.mark.parametrize(("case", "option"), [("undoes_nosuid", "suid"), ("undoes_nodev", "dev")])
+def test_client_refuses_extra_options_that_undo_nosuid_nodev(client_outcomes, case, option):
+    assert f"holds {option}, which undoes nosuid,nodev" in client_outcomes[case]

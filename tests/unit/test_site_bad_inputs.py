@@ -215,13 +215,23 @@ CASES = {
         {"hosts": {"node1": {"shared_dir": "/var"}}},
         ["nfs_client_mount_point=/var on node1: a system directory"],
     ),
+    # On the NFS server: on a client, the server's check of its members (an earlier play) would speak first.
     "the cluster CIDRs exclude a node's own address": (
-        {"hosts": {"node1": {"cluster_address": "10.0.0.2"}}},
-        ["ssh_mesh_address=10.0.0.2 on node1 is not in ssh_mesh_allowed_cidrs (127.0.0.0/8)"],
+        {"hosts": {"node0": {"cluster_address": "10.0.0.2"}}},
+        ["ssh_mesh_address=10.0.0.2 on node0 is not in ssh_mesh_allowed_cidrs (127.0.0.0/8)"],
     ),
     "a cluster_address that is not an IP address": (
+        {"hosts": {"node0": {"cluster_address": "node-zero.example"}}},
+        ["ssh_mesh_address=node-zero.example on node0: not an IP address"],
+    ),
+    # The server exports to each member's own address; one outside the cluster CIDRs is refused naming it.
+    "an NFS client whose address is outside the cluster CIDRs": (
+        {"hosts": {"node1": {"cluster_address": "10.0.0.2"}}},
+        ["cluster_address=10.0.0.2 on node1 is not in nfs_server_allowed_cidrs (127.0.0.0/8)"],
+    ),
+    "an NFS client whose address is a name": (
         {"hosts": {"node1": {"cluster_address": "node-one.example"}}},
-        ["ssh_mesh_address=node-one.example on node1: not an IP address"],
+        ["cluster_address=node-one.example on node1: not an IP address"],
     ),
     "the data port range holds the SSH port": (
         {"group_vars": {"firewall_data_port_range_start": 1, "firewall_data_port_range_end": 1023}},
