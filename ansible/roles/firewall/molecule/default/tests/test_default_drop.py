@@ -8,20 +8,26 @@ from fwprobe import (
     RULES_FILE,
     TABLE,
     address,
+    assert_unit_stopped,
+    decisions,
     listening,
     node,
+    probe,
     reachable_from,
     reachable_from_controller,
     table_listing,
     wait_booted,
 )
 
-PROTECTED, PEER = "fw-d12-node0", "fw-d12-node1"
+PROTECTED, PEER, OUTSIDER = "fw-d12-node0", "fw-d12-node1", "fw-d12-out"
 RENDEZVOUS, NFS, SSH = 29500, 2049, 22
 IN_RANGE, ABOVE_RANGE, OTHER = 50500, 52500, 8080
+RANGE_EDGES = (50000, 51999)
 ALLOWED = (SSH, RENDEZVOUS, IN_RANGE, NFS)
 NOT_ALLOWED = (OTHER, ABOVE_RANGE)
-LISTENERS = (RENDEZVOUS, IN_RANGE, NFS, OTHER, ABOVE_RANGE)
+LISTENERS = (RENDEZVOUS, IN_RANGE, NFS, OTHER, ABOVE_RANGE, *RANGE_EDGES)
+# Every port the role opens to the cluster on node0 (NFSv4 only: TCP alone).
+CLUSTER_PORTS = [f"tcp/{p}" for p in (*ALLOWED, *RANGE_EDGES)]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +37,23 @@ def protected():
 
 
 def test_peer_reaches_the_cluster_ports(protected):
-    assert reachable_from(PEER, protected, ALLOWED) == dict.fromkeys(ALLOWED, True)
+    assert probe(PEER, protected, dict.fromkeys(CLUSTER_PORTS, True)) == dict.fromkeys(CLUSTER_PORTS, True)
+
+
+def test_outsider_reaches_no_port(protected):
+    # In neither cluster_cidrs nor admin_cidrs. Ping (ICMP is accepted) shows it is on the network.
+    node(OUTSIDER).run_expect([0], f"ping -c 1 -W 3 {protected}")
+    expected = dict.fromkeys([*CLUSTER_PORTS, f"tcp/{OTHER}"], False)
+    assert probe(OUTSIDER, protected, expected) == expected
+
+
+def test_ipv6_rules_decide_as_the_ipv4_ones():
+    # The real traffic above is IPv4; the table must treat an IPv6 source (cluster_cidrs holds
+    # fd00:db8:d12::/64) as it treats IPv4: cluster member in, anyone else out, on every cluster port.
+    sources = (address(PEER), address(OUTSIDER), "fd00:db8:d12::7", "2001:db8::7")
+    assert decisions(PROTECTED, CLUSTER_PORTS, sources) == dict.fromkeys(
+        CLUSTER_PORTS, ("accept", "drop", "accept", "drop")
+    )
 
 
 def test_peer_cannot_reach_any_other_port(protected):
@@ -92,7 +114,7 @@ def test_rollback_unit_restores_the_last_confirmed_ruleset(protected):
 
 
 def test_rollback_timer_is_disarmed_after_a_confirmed_run():
-    assert not node(PROTECTED).service("ddp-firewall-rollback.timer").is_running
+    assert_unit_stopped(PROTECTED, "ddp-firewall-rollback.timer")
 
 
 def test_rules_come_back_after_a_reboot():

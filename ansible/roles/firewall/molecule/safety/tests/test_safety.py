@@ -5,7 +5,15 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from fwprobe import address, node, node_state, reachable_from_controller, recap_changed, run_playbook
+from fwprobe import (
+    address,
+    assert_unit_stopped,
+    node,
+    node_state,
+    reachable_from_controller,
+    recap_changed,
+    run_playbook,
+)
 
 NODE = "fw-d12-safe0"
 SSH = 22
@@ -56,7 +64,7 @@ def test_ruleset_that_shuts_the_controller_out_is_rolled_back(over_ssh):
     assert f"rolled back on {NODE}: 'Connect afresh through the new rules' failed" in out
     assert node_state(NODE) == before
     assert reachable_from_controller(address(NODE), (SSH,)) == {SSH: True}
-    assert not node(NODE).service("ddp-firewall-rollback.timer").is_running
+    assert_unit_stopped(NODE, "ddp-firewall-rollback.timer")
 
 
 def test_ruleset_rejected_by_nft_changes_nothing():
