@@ -1,8 +1,10 @@
 """ddp_gpus, the one GPU detection (docker, gpu_stack, train and the preflight use it), on fake sysfs and /dev."""
 
+import subprocess
+import sys
 from pathlib import Path
 
-from _modules import load
+from _modules import ROOT, load
 
 ddp_gpus = load("ddp_gpus", "ansible/plugins/modules/ddp_gpus.py")
 
@@ -32,3 +34,14 @@ def test_device_nodes_are_the_numbered_nvidia_nodes_in_numeric_order(tmp_path):
 def test_a_node_without_the_directories_has_no_gpus(tmp_path):
     assert ddp_gpus.pci_gpus(str(tmp_path / "missing")) == []
     assert ddp_gpus.device_nodes(str(tmp_path / "missing")) == []
+
+
+def test_loading_the_module_leaves_ansible_out_of_the_process():
+    """The unit suite loads it beside torch: ansible's module_utils patch sys.intern and break torch._dynamo."""
+    probe = (
+        "import sys; sys.path.insert(0, 'tests/unit'); from _modules import load; "
+        "load('ddp_gpus', 'ansible/plugins/modules/ddp_gpus.py'); "
+        "print(sorted(m for m in sys.modules if m.startswith('ansible')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr

@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: ddp_gpus
 short_description: List a node's NVIDIA GPUs, on PCI and as driver device nodes
@@ -73,6 +71,10 @@ def device_nodes(dev_path: str) -> list[str]:
 
 
 def main() -> None:
+    # Imported here, not at the top: the unit tests load this file in-process beside torch, and importing
+    # ansible's module_utils patches sys.intern, which breaks torch._dynamo for every later test.
+    from ansible.module_utils.basic import AnsibleModule
+
     module = AnsibleModule(
         argument_spec={
             "pci_devices_path": {"type": "path", "default": "/sys/bus/pci/devices"},
