@@ -131,8 +131,23 @@ def test_fp16_on_cpu_is_refused_at_start_up():
 
 @pytest.mark.slow
 def test_every_rank_reports_a_bad_config_and_nothing_hangs(tmp_path):
+    """Each rank refuses the config on its own, before any collective, so none waits for another. Under
+    torchrun the first rank to exit makes the agent stop the others, so which ranks get to print there is a
+    race: each rank is therefore also run alone, as torchrun would start it."""
     bad = write(tmp_path, "ddp:\n  comm_hook: int8\n")
+    refusal = "config error: ddp.comm_hook: 'int8' is not one of"
     result = torchrun(TRAIN, "--config", str(bad), timeout=90)
     assert result.returncode != 0
+    assert refusal in result.stderr
     for rank in (0, 1):
-        assert f"[rank {rank}] config error: ddp.comm_hook: 'int8' is not one of" in result.stderr
+        as_started = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+        # No MASTER_ADDR/PORT: a rank that tried to join the group would fail on that, not on the config.
+        alone = subprocess.run(
+            [sys.executable, str(TRAIN), "--config", str(bad)],
+            capture_output=True,
+            text=True,
+            env={**env(), **as_started},
+            timeout=90,
+            check=False,
+        )
+        assert alone.returncode == 2 and f"[rank {rank}] {refusal}" in alone.stderr, alone.stderr[-2000:]
