@@ -37,13 +37,14 @@ TRAIN_PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
 # cpu-smoke's CNN at this width has 6.7M parameters: with SGD momentum a checkpoint of about 54 MB.
 CHECKPOINT_WIDTH = 300
 SCALING_STEPS = 40
-STALL_STEPS = 100
+STALL_STEPS = 100  # the config's default checkpoint cadence over 100 steps, the last save the final one
+# --only's names for the figures, and the keys they are written under in bench.json.
 FIGURES = {
     "p1": "p1_allreduce_busbw_over_link",
     "p2": "p2_scaling_efficiency",
     "p3": "p3_noop_rerun_over_converge",
     "p4": "p4_checkpoint_stall_fraction",
-}  # the config's default checkpoint cadence over 100 steps, the last save the final one
+}
 
 
 def train_run(inventory: str | list[str], artifacts: Path, run_id: str, extravars: dict[str, Any]) -> dict[str, Any]:
