@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,9 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from lab import recap  # the e2e tier's reader of a play's recap (tests/e2e is no package)
+
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = ROOT / "ansible" / "playbooks"
 CREATE = ROOT / "molecule" / "shared" / "create.yml"
@@ -35,7 +37,6 @@ CLEANUP = ROOT / "molecule" / "cleanup.sh"
 LABEL = "bench_scale"
 PLATFORM = yaml.safe_load((ROOT / "molecule" / "shared" / "platform.yml").read_text())
 DEFAULT_STAGES = ["preflight", "trust", "ssh", "firewall"]
-RECAP = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
 
 def ansible_env() -> dict[str, str]:
@@ -58,7 +59,7 @@ def playbook(path: Path, inventory: Path, *extra: str) -> tuple[float, int]:
     seconds = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{path.name} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return seconds, sum(int(m.group(2)) for m in RECAP.finditer(proc.stdout))
+    return seconds, sum(counts["changed"] for counts in recap(proc.stdout).values())
 
 
 def start_hosts(names: list[str], workdir: Path) -> float:
