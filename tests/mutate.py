@@ -9,7 +9,7 @@ editing while this runs, and an interrupted run (Ctrl-C) leaves nothing behind b
 is removed too.
 
     .venv/bin/python tests/mutate.py                                # every module, every mutant
-    .venv/bin/python tests/mutate.py --module filters               # the two Ansible filter plugins
+    .venv/bin/python tests/mutate.py --module filters               # the validators and gpu_stack's version filter
     .venv/bin/python tests/mutate.py --module ddp_node --max-mutants 20
     .venv/bin/python tests/mutate.py --module checkpoint --lines 40-90 --list   # show, run nothing
 
@@ -47,8 +47,10 @@ class Target:
 
 
 TARGETS = {
-    "firewall_net": Target(
-        "ansible/roles/firewall/filter_plugins/firewall_net.py", ("tests/unit/test_plugin_firewall_net.py",), 30
+    "validators": Target(
+        "ansible/plugins/filter/ddp_validators.py",
+        ("tests/unit/test_validators.py", "tests/unit/test_validators_firewall.py"),
+        30,
     ),
     "gpu_stack_versions": Target(
         "ansible/roles/gpu_stack/filter_plugins/gpu_stack_versions.py",
@@ -69,7 +71,7 @@ TARGETS = {
         60,
     ),
 }
-GROUPS = {"filters": ("firewall_net", "gpu_stack_versions"), "train": ("checkpoint", "data")}
+GROUPS = {"filters": ("validators", "gpu_stack_versions"), "train": ("checkpoint", "data")}
 PRAGMA = "pragma: no mutate"
 # Children of these fields are never mutated: annotations are not evaluated (from __future__ import annotations).
 UNEVALUATED = {"annotation", "returns", "type_comment", "pattern"}

@@ -167,6 +167,21 @@ def address_in_cidrs_problems(
     ]
 
 
+def cidrs_of_family(values: Iterable[object], version: int) -> list[str]:
+    """The entries of one IP version, normalised (single addresses as /32 or /128), for an nft set. An entry
+    the checks refuse raises ValueError here too: a template that ran before them must fail, not widen."""
+    return [str(net) for net in map(parse_network, values) if net.version == version]
+
+
+def address_in(address: object, cidrs: Iterable[object]) -> bool:
+    """Whether an address lies in any of the CIDRs, judged as nftables sees its packets: sshd on a dual-stack
+    socket reports an IPv4 peer as IPv4-mapped IPv6 (::ffff:a.b.c.d), which is an IPv4 packet to the firewall."""
+    ip = ipaddress.ip_address(str(address).strip())
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in parse_network(cidr) for cidr in cidrs)
+
+
 def _port(value: object) -> int | None:
     text = str(value).strip()
     if not text.isdigit():
@@ -381,6 +396,8 @@ class FilterModule:
             "ddp_address_problems": address_problems,
             "ddp_cidr_problems": cidr_problems,
             "ddp_address_in_cidrs_problems": address_in_cidrs_problems,
+            "ddp_cidrs_of_family": cidrs_of_family,
+            "ddp_address_in": address_in,
             "ddp_port_problems": port_problems,
             "ddp_port_range_problems": port_range_problems,
             "ddp_port_clash_problems": port_clash_problems,
