@@ -87,7 +87,7 @@ admin_cidrs: [$subnet.0/24, 10.0.2.2/32]
 gpu_stack_libraries_without_gpu: false
 gpu_count: 0
 docker_source: distribution
-train_image: ddp-train:cpu
+train_image_name: ddp-train:cpu
 train_image_variant: cpu
 train_job_name: lab
 train_config: /opt/ddp/train/configs/cpu-smoke.yaml

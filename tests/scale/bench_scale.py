@@ -91,7 +91,7 @@ def write_inventory(names: list[str], path: Path) -> None:
         # A container may not set the kernel's ephemeral port range (the lab's mode); the role's default may.
         "firewall_data_ports_mode": "cluster_wide",
         "docker_source": "distribution",
-        "train_image": "ddp-train:cpu",
+        "train_image_name": "ddp-train:cpu",
         "train_image_variant": "cpu",
         "train_nproc_per_node": 1,
         "train_config": "{{ train_code_dir }}/configs/cpu-smoke.yaml",

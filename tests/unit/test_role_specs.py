@@ -6,6 +6,8 @@ variable table is the one generated from the spec.
   without one has, in defaults/main.yml, either nothing, a Jinja template (which a spec cannot state), or a
   placeholder for a `required: true` option that the stage playbook passes in;
 - a literal default has the spec's type;
+- a variable that several roles read (train_image_name: train_image builds the image, train runs it) has one
+  default in all of them;
 - every option, nested ones included, of every entry point has a description.
 
 The README tables are written by this file:  .venv/bin/python tests/unit/test_role_specs.py --write
@@ -116,6 +118,19 @@ def test_literal_defaults_have_the_spec_type(role):
             if not ok:
                 problems.append(f"{name}: {value!r} is not a {kind}")
     assert not problems, f"{role}: defaults/main.yml values of the wrong type: {problems}"
+
+
+def test_a_variable_of_several_roles_has_one_default():
+    by_name: dict[str, dict[str, Any]] = {}
+    for role in ROLES:
+        for name, value in defaults(role).items():
+            by_name.setdefault(name, {})[role] = value
+    differing = {
+        name: by_role
+        for name, by_role in by_name.items()
+        if any(value != next(iter(by_role.values())) for value in by_role.values())
+    }
+    assert not differing, f"one variable, different defaults in different roles: {differing}"
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -191,6 +191,12 @@ CASES = {
         {"hosts": {"node0": {"train_runtime": "kubernetes"}}},
         ["train_runtime=kubernetes on node0: must be host or docker"],
     ),
+    # An inventory written before the rename: nothing would read the old name, so the default image would be built
+    # and run in silence.
+    "the training image under its old name": (
+        {"hosts": {"node1": {"train_image": "ddp-train:gpu"}}},
+        ["train_image on node1 is the old name of train_image_name, which nothing reads any more"],
+    ),
     # The NFS server would chown these to the cluster user and export them read-write (set on the server
     # alone, so that the clients' own check of the same value does not speak first).
     "the shared directory is /": (

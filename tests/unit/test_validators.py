@@ -311,3 +311,13 @@ def test_storage_groups(servers, clients, cluster, message):
     groups = {"nfs_server": servers, "nfs_clients": clients, "cluster": cluster, "ungrouped": []}
     problems = v.storage_group_problems({name: hosts for name, hosts in groups.items() if hosts}, "/data")
     assert problems == [] if message is None else problems[0].startswith(message)
+
+
+# --- renamed variables ----------------------------------------------------------------------------------------------
+def test_a_variable_under_its_old_name_is_refused_naming_the_new_one():
+    renamed = {"train_image": "train_image_name"}
+    assert v.renamed_problems(["train_image_name", "train_image_variant"], renamed, "node0") == []
+    assert v.renamed_problems(["train_image", "train_job_name"], renamed, "node0") == [
+        "train_image on node0 is the old name of train_image_name, which nothing reads any more: "
+        "set train_image_name instead."
+    ]

@@ -390,6 +390,15 @@ def storage_group_problems(groups: Mapping[str, Sequence[str]], shared_dir: obje
     ]
 
 
+def renamed_problems(names: Iterable[str], renamed: Mapping[str, str], host: str = "") -> list[str]:
+    """names: the variables set (for this host). renamed: old name -> new name. A value under an old name is read
+    by nothing, so the new name's default would win in silence: each old name found is refused, naming the new one."""
+    return [
+        f"{old}{_on(host)} is the old name of {renamed[old]}, which nothing reads any more: set {renamed[old]} instead."
+        for old in sorted(set(names) & set(renamed))
+    ]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., object]]:
         return {
@@ -412,4 +421,5 @@ class FilterModule:
             "ddp_cluster_addresses": cluster_addresses,
             "ddp_duplicate_address_problems": duplicate_address_problems,
             "ddp_storage_group_problems": storage_group_problems,
+            "ddp_renamed_problems": renamed_problems,
         }
