@@ -1,11 +1,14 @@
 """A run under control on inventory/local: Ctrl-C cleans up, a detached run is watched, followed and stopped from
 another command, and bad input is refused with the words that say why."""
 
+import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from _make import ARTIFACTS, ROOT, make, make_train, node_log, processes_of, run_record
@@ -99,3 +102,52 @@ def test_a_reused_run_id_is_refused():
     done, _ = make_train(f"EXTRA_VARS=train_run_id={existing}")
     assert done.returncode != 0
     assert f"train_run_id={existing}" in done.stderr and "already holds a run" in done.stderr
+
+
+def test_a_checkpoint_directory_the_job_cannot_write_is_refused_before_launch(tmp_path: Path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    checkpoints.chmod(0o755)
+    # Immutable: not even root can create a file in it, as on a read-only export.
+    subprocess.run(["chattr", "+i", str(checkpoints)], check=True)
+    try:
+        done, _ = make_train(f"EXTRA_VARS=train_checkpoint_dir={checkpoints}")
+    finally:
+        subprocess.run(["chattr", "-i", str(checkpoints)], check=True)
+    assert done.returncode != 0
+    assert f"host localhost cannot write to {checkpoints} as user root" in done.stderr, done.stdout + done.stderr
+    assert "starting torchrun" not in done.stdout
+    assert list(checkpoints.iterdir()) == []
+
+
+def test_shared_storage_that_stops_answering_fails_the_launch_and_stops_the_run():
+    run_id = f"unit-hung-poll-{uuid.uuid4().hex[:8]}"
+    poll = f"ddp_node.py poll --node-dir \\S*/{run_id} "
+    done_event = threading.Event()
+    frozen: set[str] = set()
+
+    def freeze_every_poll() -> None:
+        # A stopped poller never returns, as a read of a hard NFS mount whose server is gone never does.
+        while not done_event.wait(0.05):
+            found = subprocess.run(["pgrep", "-f", poll], capture_output=True, text=True, check=False)
+            for pid in set(found.stdout.split()) - frozen:
+                subprocess.run(["kill", "-STOP", pid], check=False)
+                frozen.add(pid)
+
+    freezer = threading.Thread(target=freeze_every_poll, daemon=True)
+    freezer.start()
+    settings = {"train_steps": 100000, "train_run_id": run_id, "train_poll_timeout_s": 5}
+    try:
+        done, _ = make_train(f"EXTRA_VARS={json.dumps(settings)}")
+    finally:
+        done_event.set()
+        freezer.join()
+        for pid in frozen:
+            subprocess.run(["kill", "-KILL", pid], check=False)
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert frozen, output[-3000:]
+    assert "did not answer a poll within 5 s (train_poll_timeout_s) on host localhost" in output, output[-3000:]
+    assert processes_of(run_id) == ""
+    record = run_record(run_id)
+    assert record["status"] == "failed" and record["failed_node"] == "localhost"
