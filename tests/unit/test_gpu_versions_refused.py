@@ -4,12 +4,12 @@ Runs ansible/playbooks/gpu.yml against this machine (connection local) in check 
 not install anything here either.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
-import ansible_runner
 import yaml
+from _playbooks import LOCAL_HOST, PlaybookRun, write_inventory
 
-ROOT = Path(__file__).resolve().parents[2]
 GOOD = {
     "gpu_stack_driver_version": "535.216.03-2~bpo12+1",
     "gpu_stack_cuda_version": "12.4.127~12.4.1-2",
@@ -19,29 +19,17 @@ GOOD = {
 FIRST_TASK_AFTER_CHECKS = "Work out this node's package sets"
 
 
-def run_playbook(tmp_path: Path, playbook: Path, host_vars: dict[str, dict]) -> tuple[ansible_runner.Runner, str]:
-    local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
-    hosts = {name: {**local, **GOOD, **overrides} for name, overrides in host_vars.items()}
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"children": {"cluster": {"hosts": hosts}}}}))
-    private_dir = tmp_path / "runner"
-    private_dir.mkdir()
-    run = ansible_runner.run(
-        private_data_dir=str(private_dir),
-        playbook=str(playbook),
-        inventory=str(inventory),
-        cmdline="--check",
-        envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "ansible/roles")},
-        quiet=True,
-    )
-    return run, run.stdout.read()
+def run_checks(
+    playbook: Callable[..., PlaybookRun], tmp_path: Path, play: Path | str, host_vars: dict[str, dict]
+) -> PlaybookRun:
+    """The play in check mode on one local host per entry of host_vars (GOOD versions with its overrides)."""
+    hosts = {name: {**LOCAL_HOST, **GOOD, **overrides} for name, overrides in host_vars.items()}
+    return playbook(play, write_inventory(tmp_path / "inventory", hosts, {"cluster": hosts}), "--check")
 
 
-def assert_nothing_ran_after_the_checks(run: ansible_runner.Runner, output: str) -> None:
-    started = {e["event_data"].get("task") for e in run.events if e["event"] == "playbook_on_task_start"}
-    assert FIRST_TASK_AFTER_CHECKS not in started, sorted(started)
-    changed = [e for e in run.events if e["event"] == "runner_on_ok" and e["event_data"]["res"].get("changed")]
-    assert not changed, output[-2000:]
+def assert_nothing_ran_after_the_checks(run: PlaybookRun) -> None:
+    assert FIRST_TASK_AFTER_CHECKS not in run.started_tasks(), sorted(run.started_tasks())
+    assert not run.changed_results(), run.output[-2000:]
 
 
 BAD = {
@@ -54,32 +42,34 @@ BAD = {
 }
 
 
-def test_inexact_versions_refused_on_every_node_before_any_change(tmp_path):
+def test_inexact_versions_refused_on_every_node_before_any_change(tmp_path, playbook):
     # One node per bad value, plus a node whose values are all good: it must not be changed either.
-    run, output = run_playbook(tmp_path, ROOT / "ansible/playbooks/gpu.yml", {**BAD, "all-good": {}})
+    run = run_checks(playbook, tmp_path, "ansible/playbooks/gpu.yml", {**BAD, "all-good": {}})
+    output = run.output
     assert run.rc != 0, output[-2000:]
     for node, overrides in BAD.items():
         ((variable, value),) = overrides.items()
         assert f"host {node}: {variable}='{value}'" in output, output[-3000:]
     assert "host all-good:" not in output
-    assert_nothing_ran_after_the_checks(run, output)
+    assert_nothing_ran_after_the_checks(run)
 
 
-def test_unknown_source_and_component_refused_by_the_argument_specs(tmp_path):
+def test_unknown_source_and_component_refused_by_the_argument_specs(tmp_path, playbook):
     bad = {
         "bad-source": {"gpu_stack_source": "ppa"},
         "bad-component": {"gpu_stack_components": ["driver", "cudnn"]},
     }
-    run, output = run_playbook(tmp_path, ROOT / "ansible/playbooks/gpu.yml", bad)
+    run = run_checks(playbook, tmp_path, "ansible/playbooks/gpu.yml", bad)
+    output = run.output
     assert run.rc != 0, output[-2000:]
     assert "gpu_stack_source" in output and "ppa" in output, output[-3000:]
     assert "gpu_stack_components" in output and "cudnn" in output, output[-3000:]
-    assert_nothing_ran_after_the_checks(run, output)
+    assert_nothing_ran_after_the_checks(run)
 
 
-def test_exact_versions_as_apt_prints_them_pass(tmp_path):
-    playbook = tmp_path / "validate_only.yml"
-    playbook.write_text(
+def test_exact_versions_as_apt_prints_them_pass(tmp_path, playbook):
+    play = tmp_path / "validate_only.yml"
+    play.write_text(
         yaml.safe_dump(
             [
                 {
@@ -106,5 +96,5 @@ def test_exact_versions_as_apt_prints_them_pass(tmp_path):
         },
         "ubuntu-epoch": {"gpu_stack_driver_version": "1:550.54.15-0ubuntu1"},
     }
-    run, output = run_playbook(tmp_path, playbook, exact)
-    assert run.rc == 0, output[-3000:]
+    run = run_checks(playbook, tmp_path, play, exact)
+    assert run.rc == 0, run.output[-3000:]

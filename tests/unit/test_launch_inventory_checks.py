@@ -2,19 +2,14 @@
 
 from pathlib import Path
 
-import ansible_runner
 import pytest
-import yaml
+from _playbooks import LOCAL_HOST, write_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_inventory(tmp_path: Path, groups: dict, group_vars: dict) -> Path:
-    inventory = tmp_path / "inventory"
-    (inventory / "group_vars" / "all").mkdir(parents=True)
-    local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
-    hosts = {"all": {"hosts": {"localhost": local}, "children": groups}}
-    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+def local_inventory(tmp_path: Path, groups: dict[str, list[str]], group_vars: dict) -> Path:
+    """localhost in the given groups, with the settings a launch on this machine needs under tmp_path."""
     settings = {
         "cluster_user": "root",
         "cluster_cidrs": ["127.0.0.0/8"],
@@ -26,20 +21,19 @@ def write_inventory(tmp_path: Path, groups: dict, group_vars: dict) -> Path:
         "train_artifacts_dir": str(tmp_path / "artifacts"),
         **group_vars,
     }
-    (inventory / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump(settings))
-    return inventory
+    return write_inventory(tmp_path / "inventory", {"localhost": LOCAL_HOST}, groups, settings)
 
 
-GOOD_GROUPS = {"cluster": {"hosts": {"localhost": None}}, "training": {"hosts": {"localhost": None}}}
+GOOD_GROUPS = {"cluster": ["localhost"], "training": ["localhost"]}
 
 CASES = {
     "no training group (no master)": (
-        {"cluster": {"hosts": {"localhost": None}}},
+        {"cluster": ["localhost"]},
         {},
         "group 'training' is missing or empty",
     ),
     "training host outside the cluster group": (
-        {"cluster": {"hosts": {}}, "training": {"hosts": {"localhost": None}}},
+        {"cluster": [], "training": ["localhost"]},
         {},
         "are not in group 'cluster'",
     ),
@@ -70,22 +64,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_inventory_refused_before_launch(tmp_path, case):
+def test_bad_inventory_refused_before_launch(tmp_path, playbook, case):
     groups, group_vars, message = CASES[case]
-    inventory = write_inventory(tmp_path, groups, group_vars)
-    private_dir = tmp_path / "runner"
-    private_dir.mkdir()
-    run = ansible_runner.run(
-        private_data_dir=str(private_dir),
-        playbook=str(ROOT / "ansible/playbooks/train.yml"),
-        inventory=str(inventory),
-        envvars={
-            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(ROOT / "ansible/roles"),
-        },
-        quiet=True,
-    )
-    output = run.stdout.read()
+    run = playbook("ansible/playbooks/train.yml", local_inventory(tmp_path, groups, group_vars))
+    output = run.output
     assert run.rc != 0, output[-2000:]
     assert message in output, output[-2000:]
     # Refused before any change: nothing was created on the node or on shared storage.

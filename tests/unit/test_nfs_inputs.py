@@ -3,16 +3,11 @@ everyone, malformed CIDRs and options, members outside the cluster CIDRs, and ba
 the controller only: the checks are asserts, so no module touches this machine."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
+from _playbooks import LOCAL_HOST, run_playbook, write_inventory
 
 CASE_TASKS = """
 - name: Try one case
@@ -59,15 +54,6 @@ PLAYBOOK = """
 """
 
 
-def ansible_playbook() -> str:
-    """The ansible-playbook beside this Python (the venv), else the one on PATH."""
-    found = shutil.which(
-        "ansible-playbook", path=os.pathsep.join((str(Path(sys.executable).parent), os.environ["PATH"]))
-    )
-    assert found, "ansible-playbook not found"
-    return found
-
-
 def run_cases(tmp_path: Path, role: str, baseline: dict, cases: dict[str, dict]) -> dict[str, str]:
     """Runs every case through the role's checks in one ansible-playbook run; returns 'ok' or the refusal."""
     (tmp_path / "case.yml").write_text(CASE_TASKS)
@@ -77,26 +63,10 @@ def run_cases(tmp_path: Path, role: str, baseline: dict, cases: dict[str, dict])
     out = tmp_path / "out.json"
     extra = {"role": role, "out": str(out), "case_dir": str(tmp_path), "cases": list(cases)}
     (tmp_path / "extra.yml").write_text(yaml.safe_dump(extra))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "ansible/roles"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    command = [
-        ansible_playbook(),
-        "-i",
-        "localhost,",
-        "-c",
-        "local",
-        "-e",
-        f"@{tmp_path / 'extra.yml'}",
-        "-e",
-        "ansible_python_interpreter=" + sys.executable,
-        str(tmp_path / "play.yml"),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+    inventory = write_inventory(tmp_path / "inventory", {"localhost": LOCAL_HOST}, {})
+    extra_vars = f"-e @{tmp_path / 'extra.yml'}"
+    run = run_playbook(tmp_path / "play.yml", inventory, extra_vars, private_dir=tmp_path / "runner")
+    assert run.rc == 0, run.output[-3000:]
     return json.loads(out.read_text())
 
 

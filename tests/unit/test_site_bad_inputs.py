@@ -8,20 +8,16 @@ through preflight.yml alone, which only reads. Every host is this machine (conne
 unreachable one: SSH to a closed port on loopback.
 """
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from _playbooks import LOCAL_HOST, write_inventory
 
 pytestmark = pytest.mark.slow  # one ansible-playbook run per case
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_VARS = ROOT / "inventory/lab/group_vars/all"
-LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 BASE_HOSTS = {"node0": {"cluster_address": "127.0.0.1"}, "node1": {"cluster_address": "127.0.0.2"}}
 BASE_GROUPS = {
     "cluster": ["node0", "node1"],
@@ -43,7 +39,6 @@ LATER_STAGES = tuple(
     for stage in STAGES
     for play in yaml.safe_load((ROOT / "ansible/playbooks" / f"{stage}.yml").read_text())
 )
-RECAP_LINE = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", re.MULTILINE)
 
 
 def baseline_vars() -> dict:
@@ -54,40 +49,23 @@ def baseline_vars() -> dict:
     return {**settings, **LOOPBACK}
 
 
-def write_inventory(tmp_path: Path, hosts: dict | None = None, groups: dict | None = None, **group_vars) -> Path:
+def case_inventory(tmp_path: Path, hosts: dict | None = None, groups: dict | None = None, **group_vars) -> Path:
     """The baseline inventory (node0 serves NFS, node1 mounts it, both train) with a case's overrides: host
     variables (a new host name adds a local host), group memberships (None drops the group), group_vars.
     Fake trees with one NVIDIA GPU lie at <inventory>/dev and <inventory>/pci (its HDMI audio function beside it),
     for preflight_device_dir and preflight_pci_devices_dir."""
     inventory = tmp_path / "inventory"
-    (inventory / "group_vars" / "all").mkdir(parents=True)
-    (inventory / "dev").mkdir()
+    (inventory / "dev").mkdir(parents=True)
     (inventory / "dev" / "nvidia0").touch()
     for function, device_class in (("0000:17:00.0", "0x030200"), ("0000:17:00.1", "0x040300")):
         (inventory / "pci" / function).mkdir(parents=True)
         (inventory / "pci" / function / "vendor").write_text("0x10de\n")
         (inventory / "pci" / function / "class").write_text(device_class + "\n")
-    all_hosts = {name: {**LOCAL, **BASE_HOSTS.get(name, {})} for name in {**BASE_HOSTS, **(hosts or {})}}
+    all_hosts = {name: {**LOCAL_HOST, **BASE_HOSTS.get(name, {})} for name in {**BASE_HOSTS, **(hosts or {})}}
     for name, overrides in (hosts or {}).items():
         all_hosts[name].update(overrides)
     members = {name: group for name, group in {**BASE_GROUPS, **(groups or {})}.items() if group is not None}
-    children = {name: {"hosts": dict.fromkeys(group)} for name, group in members.items()}
-    (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": all_hosts, "children": children}}))
-    (inventory / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump({**baseline_vars(), **group_vars}))
-    return inventory
-
-
-def ansible_playbook(playbook: str, inventory: Path, *options: str) -> tuple[int, str]:
-    """Runs a playbook of this repository from its root; returns the exit status and the whole output."""
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), playbook, "-i", str(inventory), *options]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    return run.returncode, run.stdout + run.stderr
-
-
-def changed_per_host(output: str) -> dict[str, int]:
-    recap = output[output.index("PLAY RECAP") :]
-    return {host: int(changed) for host, changed in RECAP_LINE.findall(recap)}
+    return write_inventory(inventory, all_hosts, members, {**baseline_vars(), **group_vars})
 
 
 # Each case: overrides of the baseline, and the texts the refusal must hold (the variable, then the host).
@@ -275,28 +253,29 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_refused_before_any_host_changes(tmp_path, case):
+def test_bad_input_refused_before_any_host_changes(tmp_path, playbook, case):
     overrides, names = CASES[case]
-    inventory = write_inventory(
+    inventory = case_inventory(
         tmp_path, overrides.get("hosts"), overrides.get("groups"), **overrides.get("group_vars", {})
     )
-    rc, output = ansible_playbook("site.yml", inventory, "--check")
-    assert rc != 0, output[-3000:]
+    run = playbook("site.yml", inventory, "--check")
+    output = run.output
+    assert run.rc != 0, output[-3000:]
     for name in names:
         assert name in output, output[-3000:]
-    changed = changed_per_host(output)
+    changed = run.changed_per_host()
     assert changed and not any(changed.values()), changed
     started = [stage for stage in LATER_STAGES if stage in output]
     assert not started, output[-3000:]
 
 
-def test_baseline_passes_the_preflight(tmp_path):
-    rc, output = ansible_playbook("ansible/playbooks/preflight.yml", write_inventory(tmp_path))
-    assert rc == 0, output[-3000:]
-    assert changed_per_host(output) == {"localhost": 0, "node0": 0, "node1": 0}, output[-1500:]
+def test_baseline_passes_the_preflight(tmp_path, playbook):
+    run = playbook("ansible/playbooks/preflight.yml", case_inventory(tmp_path))
+    assert run.rc == 0, run.output[-3000:]
+    assert run.changed_per_host() == {"localhost": 0, "node0": 0, "node1": 0}, run.output[-1500:]
 
 
-def test_weak_export_options_pass_when_the_inventory_says_so(tmp_path):
+def test_weak_export_options_pass_when_the_inventory_says_so(tmp_path, playbook):
     options = {"nfs_server_export_options": ["rw", "sync", "no_root_squash"], "nfs_server_allow_weak_options": True}
-    rc, output = ansible_playbook("ansible/playbooks/preflight.yml", write_inventory(tmp_path, **options))
-    assert rc == 0, output[-3000:]
+    run = playbook("ansible/playbooks/preflight.yml", case_inventory(tmp_path, **options))
+    assert run.rc == 0, run.output[-3000:]
