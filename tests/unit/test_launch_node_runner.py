@@ -214,3 +214,26 @@ def test_pack_changed_takes_only_what_the_run_wrote_newest_first_within_the_cap(
         assert sorted(tar.getnames()) == ["snapshot.pt", "sub/log.txt"]
     only_pt = json.loads(run_runner(*args, "--glob", "*.pt").stdout)
     assert only_pt["files"] == ["snapshot.pt"]
+
+
+def test_the_status_records_the_slowest_write_of_it(tmp_path, monkeypatch):
+    # The third write (the second heartbeat) is held, as a hard NFS mount holds I/O while its server restarts.
+    writes = []
+    write_status = ddp_node._write_status
+
+    def held_write(path, **fields):
+        writes.append(fields)
+        if len(writes) == 3:
+            time.sleep(0.5)
+        write_status(path, **fields)
+
+    monkeypatch.setattr(ddp_node, "_write_status", held_write)
+    monkeypatch.setattr(ddp_node, "HEARTBEAT_EVERY_S", 0.05)
+    monkeypatch.setattr(ddp_node.signal, "signal", lambda *_: None)  # pytest's own SIGTERM handling stays
+    shared = tmp_path / "shared"
+    code = ddp_node.launch(tmp_path / "node", shared, "node0", [sys.executable, "-c", "import time; time.sleep(1)"])
+    assert code == 0
+    assert writes[0]["slowest_write_s"] == 0.0
+    final = json.loads((shared / "status-node0.json").read_text())
+    assert final["beat"] == -1 and final["exit_code"] == 0
+    assert 0.5 <= final["slowest_write_s"] < 5, final

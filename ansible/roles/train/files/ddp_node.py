@@ -65,7 +65,17 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
     status = shared_dir / f"status-{node}.json"
     # A marker left by an earlier run under the same id must not make this run's failure look like a stop.
     (node_dir / "stopping").unlink(missing_ok=True)
-    _write_status(status, beat=0, exit_code=None)
+    slowest_write_s = 0.0
+
+    def write_status(**fields: Any) -> None:
+        # The slowest write so far goes into the file: shared storage that held this node's I/O (an NFS server
+        # restarting under a hard mount) shows there, measured on the node it held.
+        nonlocal slowest_write_s
+        started = time.monotonic()
+        _write_status(status, slowest_write_s=round(slowest_write_s, 3), **fields)
+        slowest_write_s = max(slowest_write_s, time.monotonic() - started)
+
+    write_status(beat=0, exit_code=None)
     # Every process of the job inherits the tag, also those that leave the group: torchrun starts each rank in
     # a session of its own, so a torchrun killed mid-restart would otherwise leave its ranks running.
     env = {**os.environ, JOB_TAG_VAR: _job_tag(node_dir)}
@@ -78,7 +88,7 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
         count = 0
         while not done.wait(HEARTBEAT_EVERY_S):
             count += 1
-            _write_status(status, beat=count, exit_code=None)
+            write_status(beat=count, exit_code=None)
 
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
@@ -89,17 +99,29 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
     beater.join()
     # An exit the play caused (stop) is never the cause of a failure, only its consequence.
     stopped = (node_dir / "stopping").exists()
-    _write_status(status, beat=-1, exit_code=code, ended=time.time(), stopped=stopped)
+    write_status(beat=-1, exit_code=code, ended=time.time(), stopped=stopped)
     (node_dir / "exit").write_text(f"{code}\n")
     return code
 
 
 def _write_status(
-    path: Path, beat: int, exit_code: int | None, ended: float | None = None, stopped: bool = False
+    path: Path,
+    *,
+    beat: int,
+    exit_code: int | None,
+    ended: float | None = None,
+    stopped: bool = False,
+    slowest_write_s: float = 0.0,
 ) -> None:
     # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
     # while a file created later can stay hidden behind a cached negative lookup for up to a minute.
-    status = {"beat": beat, "exit_code": exit_code, "ended": ended, "stopped": stopped}
+    status = {
+        "beat": beat,
+        "exit_code": exit_code,
+        "ended": ended,
+        "stopped": stopped,
+        "slowest_write_s": slowest_write_s,
+    }
     path.write_text(json.dumps(status) + "\n")
 
 
