@@ -143,7 +143,7 @@ lab: setup ## site.yml on two QEMU VMs, then make train across both (docker runt
 	tests/host/ensure-docker.sh
 	tests/lab/lab.sh all
 
-lab-down: ## Remove the lab's VMs and inventory
+lab-down: ## Remove the lab's VMs and the SSH ports written for them (inventory/vm-lab stays)
 	tests/lab/lab.sh down
 
 e2e: setup ## The lab as tests: converge, rerun changed=0, train across both VMs, NFS restart mid-run

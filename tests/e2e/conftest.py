@@ -10,6 +10,7 @@ from lab import (
     INVENTORY,
     LAB_SH,
     NODES,
+    PORTS,
     STEPS,
     Training,
     arm_nfs_restart,
@@ -24,7 +25,7 @@ KEEP = os.environ.get("DDP_E2E_KEEP_LAB") == "1"
 
 
 def lab_answers() -> bool:
-    return INVENTORY.exists() and all(on(node, "true", timeout=30).returncode == 0 for node in NODES)
+    return PORTS.is_dir() and all(on(node, "true", timeout=30).returncode == 0 for node in NODES)
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 LAB_SH = ROOT / "tests" / "lab" / "lab.sh"
 VMCTL = ROOT / "molecule" / "vm" / "vmctl.sh"
-INVENTORY = ROOT / ".cache" / "lab" / "inventory"
+# The lab's inventory (checked in) and the part of it `lab.sh up` writes: each VM's SSH port forward.
+INVENTORY = ROOT / "inventory" / "vm-lab"
+PORTS = ROOT / ".cache" / "lab" / "host_vars"
 ARTIFACTS = ROOT / "artifacts"
 LAB_SET = "lab"
 NODES = ("lab-node0", "lab-node1")
 SERVER, CLIENT = NODES
-# train_job_name in the lab's inventory (tests/lab/lab.sh): checkpoints in /data/ddp/<job>/checkpoints.
+# train_job_name in the lab's inventory (group_vars/all/zz-vm-lab.yml): checkpoints in /data/ddp/<job>/checkpoints.
 JOB = "lab"
 # The e2e run: this many steps, with the NFS server restarted once the step-10 checkpoint is on it (the lab
 # saves every 10 steps), well before the end.

@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
 # The lab: the whole flow on two real-kernel QEMU VMs on this machine (the VM tier of the tests).
-#   tests/lab/lab.sh up       boot lab-node0 and lab-node1, write their inventory (.cache/lab/inventory)
+#   tests/lab/lab.sh up       boot lab-node0 and lab-node1 (the hosts of inventory/vm-lab), write their SSH ports
 #   tests/lab/lab.sh site     ansible-playbook site.yml against them (every stage; the GPU stack GPU-less)
 #   tests/lab/lab.sh train    make train across both VMs: docker runtime, checkpoints on the NFS share
-#   tests/lab/lab.sh down     stop the VMs, remove their overlays and the inventory
-#   tests/lab/lab.sh inventory  rewrite the inventory of the running VMs (after editing this script)
+#   tests/lab/lab.sh down     stop the VMs, remove their overlays and the ports
+#   tests/lab/lab.sh inventory  rewrite the running VMs' SSH ports (.cache/lab/host_vars) from vmctl's state
 #   tests/lab/lab.sh all      up, site, train (what `make lab` runs); each phase prints its time
-# The inventory has inventory/lab's groups and group_vars, with the VMs' addresses and the settings a CPU-only
-# lab needs layered on top (group_vars/all/zz-lab.yml). Environment: DDP_VM_MEMORY (MiB, 3072 here),
-# DDP_VM_CPUS (1), DDP_VM_ACCEL (kvm|tcg; detected: a laptop with KVM runs the lab several times faster).
+# The inventory is inventory/vm-lab (checked in): inventory/lab's groups and group_vars, the VMs' addresses and
+# the settings a CPU-only lab needs; only each boot's SSH port forwards are written here. Environment:
+# DDP_VM_MEMORY (MiB, 3072 here), DDP_VM_CPUS (1), DDP_VM_ACCEL (kvm|tcg; detected: a laptop with KVM runs the
+# lab several times faster); read by the inventory when a play runs: DDP_LAB_STEPS (30), DDP_LAB_IFNAME (ens2).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 lab_dir="$repo/.cache/lab"
-inventory="$lab_dir/inventory"
+inventory="$repo/inventory/vm-lab"
 vmctl="$repo/molecule/vm/vmctl.sh"
 venv_bin="$repo/.venv/bin"
 set_name=lab
-subnet=10.213.60
 # Baked into the VM image natively: the guests reach no mirror, and apt under TCG is slow. The roles still
 # run their install steps (they find the packages present); their own scenarios prove the installs.
 export DDP_VM_EXTRA_PACKAGES="docker.io apparmor python3-requests nftables"
 export DDP_VM_DISK_SIZE=12G
 export DDP_VM_MEMORY=${DDP_VM_MEMORY:-3072}
-export DDP_VM_SUBNET=$subnet
 export ANSIBLE_CONFIG="$repo/ansible.cfg"
 
 phase() {
@@ -35,117 +34,59 @@ phase() {
   echo "=== lab: $name: $((SECONDS - started)) s"
 }
 
+# The one part of the inventory a boot decides: each VM's SSH port forward (vmctl.sh picks a free port), as
+# ansible_port in .cache/lab/host_vars, which inventory/vm-lab/host_vars links to.
 write_inventory() {
-  local state="$repo/.cache/vm/run/$set_name"
-  rm -rf "$inventory"
-  mkdir -p "$inventory/group_vars/all"
-  cp "$repo"/inventory/lab/group_vars/all/*.yml "$inventory/group_vars/all/"
-  "$venv_bin/python" - "$state/instances.json" "$inventory/hosts.yml" <<'PY'
+  rm -rf "$lab_dir/host_vars"
+  "$venv_bin/python" - "$repo/.cache/vm/run/$set_name/instances.json" "$lab_dir/host_vars" <<'PY'
 import json
+import sys
+from pathlib import Path
+
+host_vars = Path(sys.argv[2])
+host_vars.mkdir(parents=True, exist_ok=True)
+for vm in json.load(open(sys.argv[1])):
+    (host_vars / f"{vm['instance']}.yml").write_text(
+        f"---\n# Written by tests/lab/lab.sh up: this boot's SSH port forward.\nansible_port: {int(vm['port'])}\n"
+    )
+PY
+  echo "inventory: $inventory (ports in $lab_dir/host_vars)"
+}
+
+# The training image, built and saved by the train_image role's own build step (tests/lab/image.yml): under the
+# role's archive name, which the VM image preloads, as `docker load` of it under TCG takes tens of minutes. The
+# role then finds the same image ID on both VMs and copies nothing; its own scenario proves the copy and the load.
+training_image_archive() {
+  "$repo/tests/host/ensure-docker.sh" >&2
+  mkdir -p "$lab_dir"
+  (cd "$repo" && "$venv_bin/ansible-playbook" -i "$inventory" tests/lab/image.yml \
+    -e "lab_image_archive_path=$lab_dir/image-archive") >&2
+  cat "$lab_dir/image-archive"
+}
+
+# NAME=ADDRESS for each VM: the hosts of the inventory's cluster group and their cluster_address.
+vm_specs() {
+  "$venv_bin/python" - "$inventory/hosts.yml" <<'PY'
 import sys
 
 import yaml
 
-instances = {i["instance"]: i for i in json.load(open(sys.argv[1]))}
-first = next(iter(instances.values()))
-ssh_args = (
-    f"-o UserKnownHostsFile={first['known_hosts']} -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes "
-    "-o ControlMaster=auto -o ControlPersist=120s"
-)
-hosts = {
-    name: {"ansible_host": "127.0.0.1", "ansible_port": int(i["port"]), "cluster_address": i["private_address"]}
-    for name, i in instances.items()
-}
-inventory = {
-    "all": {
-        "children": {
-            "cluster": {
-                "hosts": hosts,
-                "vars": {
-                    "ansible_user": "root",
-                    "ansible_ssh_private_key_file": first["identity_file"],
-                    "ansible_ssh_common_args": ssh_args,
-                },
-            },
-            "nfs_server": {"hosts": {"lab-node0": None}},
-            "nfs_clients": {"hosts": {"lab-node1": None}},
-            "training": {"hosts": {"lab-node0": None, "lab-node1": None}},
-        }
-    }
-}
-with open(sys.argv[2], "w") as out:
-    out.write("---\n# Written by tests/lab/lab.sh up: the lab VMs, reached over their SSH port forwards.\n")
-    yaml.safe_dump(inventory, out, sort_keys=False)
+hosts = yaml.safe_load(open(sys.argv[1]))["all"]["children"]["cluster"]["hosts"]
+print(" ".join(f"{name}={host['cluster_address']}" for name, host in hosts.items()))
 PY
-  cat >"$inventory/group_vars/all/zz-lab.yml" <<YAML
----
-# The lab's differences from inventory/lab (loaded last, so these win): the VMs' network, no GPUs, the CPU image.
-cluster_cidrs: [$subnet.0/24]
-# QEMU's user-mode network: the controller's SSH reaches the VMs from 10.0.2.2.
-admin_cidrs: [$subnet.0/24, 10.0.2.2/32]
-# GPU-less mode: no NVIDIA packages without a GPU (the VMs have neither a GPU nor a route to NVIDIA's repository).
-gpu_stack_libraries_without_gpu: false
-gpu_count: 0
-docker_source: distribution
-train_image_name: ddp-train:cpu
-train_image_variant: cpu
-train_job_name: lab
-train_config: /opt/ddp/train/configs/cpu-smoke.yaml
-train_steps: ${DDP_LAB_STEPS:-30}
-# The smoke config with a narrower network and smaller batches (a step takes ~0.6 s instead of ~5 s under TCG),
-# and a checkpoint every 10 steps, so a fault mid-run always has a saved checkpoint behind it.
-train_program_args:
-  - --config
-  - "{{ train_config }}"
-  - --steps
-  - "{{ train_steps }}"
-  - --checkpoint-dir
-  - "{{ train_checkpoint_dir }}"
-  - --output-dir
-  - "{{ train_output_dir }}"
-  - --resume
-  - "{{ train_resume }}"
-  - --checkpoint-every
-  - "10"
-  - --set
-  - model.width=8
-  - --set
-  - data.batch_size=16
-train_cpu_nproc_per_node: 1
-train_poll_interval_s: 3
-# Everything is ~30x slower under TCG: give a node more time before its silence counts as a failure.
-train_stale_after_s: 90
-# An NFS server restart stalls new opens for the grace period; the default 90 s would stall the job as long.
-nfs_server_lease_time: 15
-nfs_server_grace_time: 15
-train_env:
-  OMP_NUM_THREADS: "1"
-  GLOO_SOCKET_IFNAME: ${DDP_LAB_IFNAME:-ens2}
-YAML
-  echo "inventory: $inventory"
-}
-
-# The training image, built here as the train_image role builds it, saved under the name the role gives its
-# archive, and preloaded into the VM image: `docker load` of it under TCG takes tens of minutes. The role then
-# finds the same image ID on both VMs and copies nothing; its own scenario proves the copy and the load.
-training_image_archive() {
-  local id archive
-  "$repo/tests/host/ensure-docker.sh" >&2
-  id=$("$repo/container/build.sh" cpu ddp-train:cpu | tail -1 | cut -d' ' -f2)
-  archive="$repo/.cache/images/ddp-train_cpu-$(cut -c8-23 <<<"$id").tar"
-  if [ ! -s "$archive" ]; then
-    mkdir -p "$(dirname "$archive")"
-    docker save --output "$archive.part" ddp-train:cpu
-    mv "$archive.part" "$archive"
-  fi
-  echo "$archive"
 }
 
 up() {
+  local specs first
+  local -a vms
+  specs=$(vm_specs)
+  read -ra vms <<<"$specs"
   "$repo/molecule/vm/ensure-qemu.sh"
   DDP_VM_DOCKER_ARCHIVES=$(training_image_archive)
   export DDP_VM_DOCKER_ARCHIVES
-  "$vmctl" up "$set_name" "lab-node0=$subnet.10" "lab-node1=$subnet.11"
+  # The cluster network's /24 (the first VM's address without its last byte).
+  first=${vms[0]#*=}
+  DDP_VM_SUBNET=${first%.*} "$vmctl" up "$set_name" "${vms[@]}"
   write_inventory
 }
 
@@ -175,5 +116,5 @@ case "${1:-}" in
     phase "training" train
     echo "=== lab: total $((SECONDS - started)) s; artifacts under $repo/artifacts; make lab-down removes the VMs"
     ;;
-  *) sed -n '2,10p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,12p' "$0" >&2; exit 2 ;;
 esac
