@@ -25,9 +25,10 @@ NODES = ("lab-node0", "lab-node1")
 SERVER, CLIENT = NODES
 # train_job_name in the lab's inventory (group_vars/all/zz-vm-lab.yml): checkpoints in /data/ddp/<job>/checkpoints.
 JOB = "lab"
-# The e2e run: this many steps, with the NFS server restarted once the step-10 checkpoint is on it (the lab
-# saves every 10 steps), well before the end.
-STEPS = 30
+# The e2e run: this many steps, with the NFS server stopped for a while once the step-10 checkpoint is on it (the
+# lab saves every 10 steps). Rank 0 trains on through the outage (its checkpoints are on the server's own disk),
+# so the job must be long enough that it is still running when the server is back.
+STEPS = 50
 RESTART_AT_CHECKPOINT = 10
 CHECKPOINTS = f"/data/ddp/{JOB}/checkpoints"
 # On the server's own disk, not on the share.
@@ -110,8 +111,8 @@ def train(*make_args: str, timeout: float = 1800) -> Training:
 
 
 def arm_nfs_restart(timeout_s: float = 1500) -> None:
-    """Starts tests/e2e/nfs_restart_watch.py on the NFS server, detached: it restarts nfs-server as soon as
-    this job's first new checkpoint of step RESTART_AT_CHECKPOINT or later is on the export."""
+    """Starts tests/e2e/nfs_restart_watch.py on the NFS server, detached: it stops nfs-server for a while as soon
+    as this job's first new checkpoint of step RESTART_AT_CHECKPOINT or later is on the export."""
     on(SERVER, f"systemctl stop {WATCHER_UNIT} 2>/dev/null; rm -f {WATCHER_RESULT}")
     script = (Path(__file__).parent / "nfs_restart_watch.py").read_text()
     copied = on(SERVER, f"cat > {WATCHER}", stdin=script)

@@ -1,5 +1,6 @@
-"""Runs on the lab's NFS server (python3 of the VM, no project imports): restarts nfs-server as soon as the
-job's first new checkpoint at or past a step is on the export, and writes what happened as JSON.
+"""Runs on the lab's NFS server (python3 of the VM, no project imports): stops nfs-server for OUTAGE_S as soon
+as the job's first new checkpoint at or past a step is on the export, starts it again, and writes what happened
+as JSON.
 
 Watching on the server itself, from checkpoints (rank 0 fsyncs them before the rename), injects the fault
 at a known point wherever rank 0 runs. Polling metrics.jsonl over SSH from the controller did not: rank 0 on
@@ -20,6 +21,9 @@ import time
 from pathlib import Path
 
 CHECKPOINT = re.compile(r"ckpt-(\d{8})\.pt")
+# Down this long, then the grace period: longer than the client's heartbeat period (5 s), so the job's own I/O
+# on the client is sure to meet the outage; far shorter than what is left of the job after the checkpoint.
+OUTAGE_S = 10
 
 
 def new_checkpoints(directory: Path, known_inodes: set[int]) -> dict[int, int]:
@@ -40,7 +44,8 @@ def main(directory: Path, step: int, result: Path, timeout_s: float) -> None:
         seen = new_checkpoints(directory, known)
         if seen and max(seen) >= step:
             restart = subprocess.run(
-                "systemctl restart nfs-server && systemctl is-active nfs-server",
+                f"systemctl stop nfs-server && sleep {OUTAGE_S} && systemctl start nfs-server"
+                " && systemctl is-active nfs-server",
                 shell=True,
                 capture_output=True,
                 text=True,
@@ -48,6 +53,7 @@ def main(directory: Path, step: int, result: Path, timeout_s: float) -> None:
             )
             outcome = {
                 "checkpoint_step_at_restart": max(seen),
+                "outage_s": OUTAGE_S,
                 "restart_rc": restart.returncode,
                 "restart_output": restart.stdout + restart.stderr,
                 # Once the server answers again: had the job already written its last checkpoint?

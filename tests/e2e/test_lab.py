@@ -1,14 +1,15 @@
 """The whole flow on two real-kernel nodes (`make e2e`): site.yml converges the lab VMs and a rerun changes
 nothing; `make train` runs one rank on each VM in the docker runtime with checkpoints on the NFS share, and
-the NFS server is restarted mid-run; the job still finishes, every checkpoint stays valid, and the collected
-one matches the one on NFS. Tests share one lab and one training run (tests/e2e/conftest.py)."""
+the NFS server is stopped for 10 s mid-run, holding the client's writes to the share until it is back; the job
+still finishes, every checkpoint stays valid, and the collected one matches the one on NFS. Tests share one lab
+and one training run (tests/e2e/conftest.py)."""
 
 import hashlib
 import json
 import subprocess
 import sys
 
-from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, NODES, ROOT, STEPS, on, recap
+from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, JOB, NODES, ROOT, STEPS, on, recap
 
 
 def test_site_converges(site_runs):
@@ -75,8 +76,23 @@ def test_nfs_server_restart_mid_run_neither_stops_nor_rewinds_the_job(training):
     assert 0 < restart["checkpoint_step_at_restart"] <= restart["newest_checkpoint_step_after_restart"] < STEPS
     assert training.training.result.rc == 0, training.training.result.output[-4000:]
     steps = [m["step"] for m in training.training.metrics()]
-    # The hard mount held the writes until the server was back: every step once, in order.
+    # Every step once, in order: the outage neither stopped the job nor sent it back to a checkpoint.
     assert steps == list(range(1, STEPS + 1)), steps
+
+
+def test_the_outage_held_the_clients_own_writes_to_the_share_until_the_server_was_back(training):
+    # Rank 0 runs on the server, which writes the checkpoints and metrics to its own disk. The I/O of the job
+    # that crosses the mount is the client's: its node runner rewrites its status file there every 5 s, and
+    # records how long its slowest write took. One of them met the outage (it was longer than 5 s), and the
+    # hard mount held it until the server answered again, instead of failing it.
+    restart = training.restart
+    assert training.training.result.rc == 0 and training.training.run_dir, training.training.result.output[-4000:]
+    run_id = training.training.run_dir.name
+    status_file = f"/data/ddp/{JOB}/runs/{run_id}/nodes/status-{CLIENT}.json"
+    status = json.loads(on(CLIENT, f"cat {status_file}").stdout)
+    kernel_log = on(CLIENT, "journalctl -k --no-pager | grep -i nfs | tail -5").stdout
+    assert status["beat"] == -1 and status["exit_code"] == 0, status
+    assert status["slowest_write_s"] >= restart["outage_s"] / 4, (status, restart, kernel_log)
 
 
 def test_every_checkpoint_on_nfs_survived_the_restart(training):
