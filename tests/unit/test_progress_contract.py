@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,3 +57,13 @@ def test_make_status_reads_the_same_report():
     event = {"event": "runner_on_ok", "event_data": {"host": "n", "res": {"stdout": json.dumps(report)}}}
     assert jobctl.node_report(event, jobctl.POLL_REPORT) == report
     assert jobctl.node_report(event, jobctl.LOG_REPORT) is None
+
+
+def test_make_train_learns_the_run_id_from_the_fact_the_train_role_sets():
+    # train_run_id is the one fact of the role that a reader outside it uses (role README, "Results other plays
+    # read"); every other name the role sets is internal (__train_*) and may change.
+    preflight = yaml.safe_load((ROOT / "ansible/roles/train/tasks/preflight.yml").read_text())
+    assert any("train_run_id" in (task.get("ansible.builtin.set_fact") or {}) for task in preflight)
+    printer = run_training.Printer()
+    printer({"event": "runner_on_ok", "event_data": {"task": "any", "res": {"ansible_facts": {"train_run_id": "r1"}}}})
+    assert printer.run_id == "r1"
