@@ -8,12 +8,15 @@ variable table is the one generated from the spec.
 - a literal default has the spec's type;
 - a variable that several roles read (train_image_name: train_image builds the image, train runs it) has one
   default in all of them;
-- every option, nested ones included, of every entry point has a description.
+- every option, nested ones included, of every entry point has a description;
+- in the roles converted so far (issue #18), every name a task registers or sets is internal (`__<role>_*`, as
+  linux-system-roles do) unless the README's "Results other plays read" names it as public.
 
 The README tables are written by this file:  .venv/bin/python tests/unit/test_role_specs.py --write
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -158,6 +161,51 @@ def test_readme_variable_table_is_current(role):
         f"{role}: README.md's variable table differs from meta/argument_specs.yml; "
         "regenerate it with: .venv/bin/python tests/unit/test_role_specs.py --write"
     )
+
+
+# Roles whose registered results and set_facts follow the naming; the others join as they are converted.
+INTERNAL_NAMES_DONE = ("gpu_stack", "train")
+RESULTS_HEADING = "## Results other plays read"
+
+
+def _set_names(tasks: Any) -> set[str]:
+    """Every name the tasks (blocks included) register or set with set_fact."""
+    names: set[str] = set()
+    for task in tasks or []:
+        if not isinstance(task, dict):
+            continue
+        for section in ("block", "rescue", "always"):
+            names |= _set_names(task.get(section))
+        if "register" in task:
+            names.add(task["register"])
+        for module in ("set_fact", "ansible.builtin.set_fact"):
+            if isinstance(task.get(module), dict):
+                names |= set(task[module]) - {"cacheable"}
+    return names
+
+
+def role_set_names(role: str) -> set[str]:
+    files = sorted((ROLES_DIR / role).glob("tasks/*.yml")) + sorted((ROLES_DIR / role).glob("handlers/*.yml"))
+    return set().union(*(_set_names(_load(path)) for path in files))
+
+
+def readme_results(role: str) -> set[str]:
+    """The public names the README's "Results other plays read" section lists (in backticks)."""
+    text = (ROLES_DIR / role / "README.md").read_text(encoding="utf-8")
+    section = text.partition(RESULTS_HEADING)[2].split("\n## ")[0]
+    return {name for name in re.findall(r"`([a-z0-9_]+)`", section) if name.startswith(f"{role}_")}
+
+
+@pytest.mark.parametrize("role", INTERNAL_NAMES_DONE)
+def test_registered_and_set_names_are_internal_unless_the_readme_makes_them_public(role):
+    names = role_set_names(role)
+    public = {name for name in names if not name.startswith(f"__{role}_")}
+    listed = readme_results(role)
+    assert public <= listed, (
+        f"{role}: {sorted(public - listed)} registered or set under a public name; rename it __{role}_* or list it "
+        f'under "{RESULTS_HEADING}" in its README'
+    )
+    assert listed <= names, f"{role}: README lists {sorted(listed - names)} as results, but no task sets them"
 
 
 # --- the README table --------------------------------------------------------------------------------------
