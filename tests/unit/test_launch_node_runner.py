@@ -122,7 +122,9 @@ def test_stop_also_kills_what_left_the_process_group(tmp_path):
     # Like torchrun's ranks: a process in a session of its own, under a leader that ignores SIGTERM.
     node_dir, shared = tmp_path / "node", tmp_path / "shared"
     common = ["--node-dir", str(node_dir), "--shared-dir", str(shared), "--node", "node0"]
-    job = "trap '' TERM; setsid sleep 301 & wait"
+    # A duration no other run of this test on the machine shares, so the final pgrep sees only this one's sleep.
+    sleep = f"sleep 301.{time.time_ns() % 10**9:09d}"
+    job = f"trap '' TERM; setsid {sleep} & wait"
     launcher = subprocess.Popen([sys.executable, str(RUNNER), "launch", *common, "--", "sh", "-c", job])
     deadline = time.monotonic() + 10
     while not ddp_node._job_processes(node_dir) or len(ddp_node._job_processes(node_dir)) < 2:
@@ -132,7 +134,7 @@ def test_stop_also_kills_what_left_the_process_group(tmp_path):
     assert json.loads(stop.stdout) == {"stopped": True, "left_running": False}
     launcher.wait(timeout=10)
     assert ddp_node._job_processes(node_dir) == []
-    assert subprocess.run(["pgrep", "-f", "sleep 301"], capture_output=True, check=False).returncode == 1
+    assert subprocess.run(["pgrep", "-f", sleep], capture_output=True, check=False).returncode == 1
 
 
 def test_rendezvous_check_refuses_a_taken_port():
