@@ -80,17 +80,13 @@ def summary(out_dir: Path) -> dict:
 
 @contextlib.contextmanager
 def gloo_group_of_one() -> Iterator[Any]:
-    """A gloo process group of this process alone, for running train/ code in-process; its DistInfo."""
-    import socket
-
+    """A gloo process group of this process alone, for running train/ code in-process; its DistInfo. Its store
+    lives in this process (no TCP port to pick, so no race with another test for a free one)."""
     import torch
     import torch.distributed as dist
     from distributed import DistInfo
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield DistInfo(0, 1, 0, "gloo", torch.device("cpu"))
     finally:
