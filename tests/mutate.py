@@ -59,10 +59,10 @@ TARGETS = {
     ),
     # Spawns the runner as a process (launch, poll, stop, check-rendezvous): about 5 s unmutated.
     "ddp_node": Target("ansible/roles/train/files/ddp_node.py", ("tests/unit/test_launch_node_runner.py",), 60),
-    "checkpoint": Target("train/checkpoint.py", ("tests/unit/test_checkpoint.py",), 60),
+    "checkpoint": Target("train/ddp_train/checkpoint.py", ("tests/unit/test_checkpoint.py",), 60),
     # The data tests only (so every new one counts): the model tests in the same file cost seconds.
     "data": Target(
-        "train/data.py",
+        "train/ddp_train/data.py",
         (
             "tests/unit/test_train_data_models.py",
             "-k",

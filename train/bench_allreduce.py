@@ -31,13 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from distributed import DistInfo, Terminated, install_signal_handlers, print0, print_all, process_group  # noqa: E402
+import torch
+import torch.distributed as dist
+from ddp_train.distributed import DistInfo, Terminated, install_signal_handlers, print0, print_all, process_group
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}

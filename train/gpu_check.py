@@ -69,10 +69,10 @@ def torchrun(nproc: int, script: Path, *args: str, timeout: float) -> subprocess
 
 
 def transformer_shape() -> dict[str, int]:
-    sys.path.insert(0, str(HERE))
-    from config import load_config
-    from data import DataInfo
-    from models import build_model
+    # Here, like torch in main(): importing the module (its unit test does) loads no torch.
+    from ddp_train.config import load_config
+    from ddp_train.data import DataInfo
+    from ddp_train.models import build_model
 
     cfg = load_config(TRANSFORMER)
     info = DataInfo("tokens", vocab_size=cfg.data.vocab_size, seq_len=cfg.data.seq_len)

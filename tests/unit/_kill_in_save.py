@@ -10,12 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
-
-import checkpoint
-import metrics
-
-import train
+from ddp_train import checkpoint, metrics
+from ddp_train import main as train
 
 KILL_AT_STEP = int(os.environ["DDP_TEST_KILL_AT_STEP"])
 AFTER_STEP = int(os.environ.get("DDP_TEST_KILL_AFTER_STEP", "0"))

@@ -1,4 +1,4 @@
-"""Shared by the train/ tests: import train/ modules, run torchrun, read metrics."""
+"""Shared by the train/ tests: run torchrun, read metrics (pytest puts train/ on sys.path for ddp_train)."""
 
 import contextlib
 import json
@@ -16,12 +16,17 @@ TRAIN = TRAIN_DIR / "train.py"
 BENCH = TRAIN_DIR / "bench_allreduce.py"
 SMOKE = TRAIN_DIR / "configs" / "cpu-smoke.yaml"
 
-if str(TRAIN_DIR) not in sys.path:  # train/ is a directory of sibling modules, not a package
-    sys.path.insert(0, str(TRAIN_DIR))
-
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
+    # PYTHONPATH: the package ddp_train, for scripts that are not beside it (tests/unit/_kill_in_save.py).
+    path = os.pathsep.join(filter(None, (str(TRAIN_DIR), os.environ.get("PYTHONPATH"))))
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": path,
+    }
 
 
 def torchrun_cmd(script: Path, *args: str, nproc: int = 2) -> list[str]:
@@ -84,7 +89,7 @@ def gloo_group_of_one() -> Iterator[Any]:
     lives in this process (no TCP port to pick, so no race with another test for a free one)."""
     import torch
     import torch.distributed as dist
-    from distributed import DistInfo
+    from ddp_train.distributed import DistInfo
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -1,11 +1,9 @@
 """make bench's ratios from measured numbers (the whole bench runs by hand: README "Performance")."""
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "ansible"))
 import bench  # noqa: E402  (a program beside the playbooks, not a package)
 
 

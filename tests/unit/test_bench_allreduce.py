@@ -3,7 +3,6 @@
 import json
 import math
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
 import bench_allreduce as bench
 import pytest
 from _train_helpers import BENCH, torchrun

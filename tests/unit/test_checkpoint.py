@@ -1,4 +1,4 @@
-"""train/checkpoint.py: atomic files, integrity, keep-last-K, choosing the checkpoint to resume from."""
+"""ddp_train/checkpoint.py: atomic files, integrity, keep-last-K, choosing the checkpoint to resume from."""
 
 import hashlib
 import os
@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
-import checkpoint as ckpt
 import numpy as np
 import pytest
 import torch
+from ddp_train import checkpoint as ckpt
 
 KEYS = {key: 0 for key in ckpt.REQUIRED} | {"format_version": ckpt.FORMAT_VERSION}
 

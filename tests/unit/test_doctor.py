@@ -1,14 +1,11 @@
 """`make doctor` on inventory/local (loopback), and its verdicts on measured numbers."""
 
 import json
-import sys
 from pathlib import Path
 
-import pytest
-from _make import ARTIFACTS, ROOT, make
-
-sys.path.insert(0, str(ROOT / "ansible"))
 import doctor
+import pytest
+from _make import ARTIFACTS, make
 
 
 def newest_doctor_dir() -> Path:

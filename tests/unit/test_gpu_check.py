@@ -4,7 +4,7 @@ import math
 import subprocess
 import sys
 
-import _train_helpers  # puts train/ on sys.path: first
+import _train_helpers
 import gpu_check
 import pytest
 

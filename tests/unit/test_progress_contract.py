@@ -10,7 +10,6 @@ import yaml
 from _modules import load
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "ansible"))
 import jobctl  # noqa: E402  (programs beside the playbooks, not a package)
 import run_training  # noqa: E402
 

@@ -5,14 +5,12 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "ansible"))
 import report  # noqa: E402  (a program beside the playbooks, not a package)
 
 MATPLOTLIB_BLUE = (31, 119, 180)  # the first line colour of every plot

@@ -1,15 +1,15 @@
 """Gradient accumulation with model.no_sync() makes the same update as one large batch (loop.train_step)."""
 
-import _train_helpers  # puts train/ on sys.path: first
+import _train_helpers
 import pytest
 import torch
 import torch.distributed as dist
-from components import build_optimizer, build_scaler, build_scheduler, wrap_ddp
-from config import load_config
-from data import DataInfo
-from loop import Trainer, train_step
-from metrics import MetricsLog
-from models import build_model
+from ddp_train.components import build_optimizer, build_scaler, build_scheduler, wrap_ddp
+from ddp_train.config import load_config
+from ddp_train.data import DataInfo
+from ddp_train.loop import Trainer, train_step
+from ddp_train.metrics import MetricsLog
+from ddp_train.models import build_model
 
 
 @pytest.fixture

@@ -6,15 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
-import checkpoint as ckpt
 import pytest
 import torch
-from _modules import load
-from _train_helpers import SMOKE, TRAIN, gloo_group_of_one, metrics, summary
-from config import load_config
-
-train_main = load("train_main", TRAIN)
+from _train_helpers import SMOKE, gloo_group_of_one, metrics, summary
+from ddp_train import checkpoint as ckpt
+from ddp_train import main as train_main
+from ddp_train.config import load_config
 
 
 def run(directory: Path, *overrides: str) -> None:

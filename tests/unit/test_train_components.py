@@ -1,12 +1,11 @@
 """components.ddp_in_effect: what summary.json reports is read back from DDP, not copied from the config."""
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
 import pytest
 from _train_helpers import gloo_group_of_one
-from components import build_optimizer, build_scaler, ddp_in_effect, wrap_ddp
-from config import load_config
-from data import DataInfo
-from models import build_model
+from ddp_train.components import build_optimizer, build_scaler, ddp_in_effect, wrap_ddp
+from ddp_train.config import load_config
+from ddp_train.data import DataInfo
+from ddp_train.models import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, imported by ZeRO
 

@@ -1,4 +1,4 @@
-"""train/config.py: typed, validated configuration; train.py refuses a bad one before any process group."""
+"""ddp_train/config.py: typed, validated configuration; train.py refuses a bad one before any process group."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 from _train_helpers import ROOT, SMOKE, TRAIN, env, torchrun
-from config import Config, ConfigError, load_config  # train/ (put on sys.path by train_helpers)
+from ddp_train.config import Config, ConfigError, load_config  # train/ (put on sys.path by train_helpers)
 
 
 def write(tmp_path, text):

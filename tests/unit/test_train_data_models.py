@@ -1,4 +1,4 @@
-"""train/data.py and train/models.py, in one process (no process group needed)."""
+"""ddp_train/data.py and ddp_train/models.py, in one process (no process group needed)."""
 
 import importlib.util
 import os
@@ -7,12 +7,11 @@ import sys
 from dataclasses import astuple, replace
 from pathlib import Path
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
 import numpy as np
 import pytest
 import torch
-from config import DataConfig, ModelConfig, load_config
-from data import (
+from ddp_train.config import DataConfig, ModelConfig, load_config
+from ddp_train.data import (
     ResumableSampler,
     SyntheticImages,
     SyntheticTokens,
@@ -23,7 +22,7 @@ from data import (
     build_stream,
     load_file,
 )
-from models import ResNet50, build_model, loss_and_correct
+from ddp_train.models import ResNet50, build_model, loss_and_correct
 from torch.utils.data import DistributedSampler
 
 
@@ -192,7 +191,7 @@ def test_digits_ship_with_scikit_learn():
 
 
 def test_digits_read_directly_equal_load_digits():
-    from data import _digits
+    from ddp_train.data import _digits
     from sklearn.datasets import load_digits
 
     images, labels = load_digits(return_X_y=True)

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 from _train_helpers import SMOKE, TRAIN, kill_all, metrics, start, summary, torchrun_cmd, train
-from config import Config, load_config
+from ddp_train.config import Config, load_config
 
 pytestmark = pytest.mark.slow
 

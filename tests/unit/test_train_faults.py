@@ -3,10 +3,9 @@
 import json
 from pathlib import Path
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
-import checkpoint as ckpt
 import pytest
 from _train_helpers import SMOKE, metrics, summary, torchrun, train
+from ddp_train import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 

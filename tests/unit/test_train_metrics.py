@@ -1,15 +1,11 @@
-"""train/metrics.py and the small decisions in train/train.py, in one process."""
+"""ddp_train/metrics.py and the small decisions in ddp_train/main.py, in one process."""
 
 import json
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
 import pytest
-from _modules import load
-from _train_helpers import TRAIN
-from config import load_config
-from metrics import CommTimer, MetricsLog, RunStats, progress_line
-
-train_main = load("train_main", TRAIN)
+from ddp_train import main as train_main
+from ddp_train.config import load_config
+from ddp_train.metrics import CommTimer, MetricsLog, RunStats, progress_line
 
 
 def test_comm_time_is_the_union_of_in_flight_intervals():

@@ -7,12 +7,11 @@ after the same number of the epoch's samples (global_samples_in_epoch, whole glo
 import subprocess
 from pathlib import Path
 
-import _train_helpers  # noqa: F401  (puts train/ on sys.path; first)
-import checkpoint as ckpt
 import pytest
 from _train_helpers import SMOKE, TRAIN, metrics, torchrun
-from config import load_config
-from data import build_datasets, build_stream
+from ddp_train import checkpoint as ckpt
+from ddp_train.config import load_config
+from ddp_train.data import build_datasets, build_stream
 
 pytestmark = pytest.mark.slow
 

@@ -9,17 +9,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import checkpoint as ckpt
 import torch
 import torch.distributed as dist
-from components import autocast
-from config import Config
-from data import BatchStream
-from distributed import DistInfo, all_gather_object, barrier, print0
-from metrics import CommTimer, MetricsLog, RunStats, peak_memory_bytes, progress_line
-from models import loss_and_correct
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
+
+from . import checkpoint as ckpt
+from .components import autocast
+from .config import Config
+from .data import BatchStream
+from .distributed import DistInfo, all_gather_object, barrier, print0
+from .metrics import CommTimer, MetricsLog, RunStats, peak_memory_bytes, progress_line
+from .models import loss_and_correct
 
 
 @dataclass

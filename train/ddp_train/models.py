@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from config import ModelConfig
-from data import DataInfo
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from .config import ModelConfig
+from .data import DataInfo
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool) -> torch.Tensor:

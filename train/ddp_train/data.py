@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from config import DataConfig
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from .config import DataConfig
 
 TENSOR_SUFFIXES = (".npy", ".pt")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")

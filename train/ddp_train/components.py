@@ -9,12 +9,13 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-from config import Config, OptimConfig, PrecisionConfig
-from distributed import DistInfo
-from metrics import CommTimer
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .config import Config, OptimConfig, PrecisionConfig
+from .distributed import DistInfo
+from .metrics import CommTimer
 
 # Newer torch renames broadcast_buffers (buffers from rank 0 before every forward) to forward_sync_buffers.
 SYNC_BUFFERS = next(
