@@ -45,7 +45,7 @@ lint: setup ## yamllint, ansible-lint (production profile), ruff
 
 unit: setup ## pytest on the controller (train/, helpers, inventory logic); installs Chromium and iperf3 if absent
 	tests/host/ensure-tools.sh
-	tests/run-pytest.sh tests/unit
+	tests/run-pytest.sh tests/unit --durations=15
 
 test-hosts: setup ## Docker engine up, systemd test-host images built (only when their recipe changed), test network
 	@# Under a lock: scenarios started together (make test's lanes) must not build or create twice. --close:
