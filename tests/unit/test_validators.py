@@ -30,23 +30,25 @@ CIDRS_OK = [
     ("0.0.0.0/0", {"everyone": True}),
     ("10.213.50.0/24", {"family": 4, "addresses": False}),
 ]
+NOT_A_NETWORK = "not an IP network (a.b.c.d/n or x:x::/n)"
+SCOPE = "has a scope (zone) id, which a firewall rule or an export cannot hold"
 CIDRS_BAD = [
-    # (entry, options, what the message says)
-    ("10.0.0.1/24", {}, "host bits set (the network would be 10.0.0.0/24)"),
-    ("fd00::1/8", {}, "host bits set"),
-    ("999.1.1.1/99", {}, "not an IP network"),  # ssh_mesh's old regex let this through
-    ("10.0.0.300/24", {}, "not an IP network"),
-    ("10.0.0.0/33", {}, "not an IP network"),
-    ("2001:db8::/129", {}, "not an IP network"),
-    ("node1.example/24", {}, "not an IP network"),
-    ("", {}, "not an IP network"),
-    (None, {}, "not an IP network"),
-    ("fe80::1%eth0", {}, "scope"),
-    ("fe80::%eth0/64", {}, "scope"),
-    ("0.0.0.0/0", {}, "/0 is every IPv4 address"),
-    ("::/0", {}, "/0 is every IPv6 address"),  # as much "everyone" as 0.0.0.0/0
+    # (entry, options, the reason the message gives)
+    ("10.0.0.1/24", {}, "has host bits set (the network would be 10.0.0.0/24)"),
+    ("fd00::1/8", {}, "has host bits set (the network would be fd00::/8)"),
+    ("999.1.1.1/99", {}, NOT_A_NETWORK),  # ssh_mesh's old regex let this through
+    ("10.0.0.300/24", {}, NOT_A_NETWORK),
+    ("10.0.0.0/33", {}, NOT_A_NETWORK),
+    ("2001:db8::/129", {}, NOT_A_NETWORK),
+    ("node1.example/24", {}, NOT_A_NETWORK),
+    ("", {}, NOT_A_NETWORK),
+    (None, {}, NOT_A_NETWORK),
+    ("fe80::1%eth0", {}, SCOPE),
+    ("fe80::%eth0/64", {}, SCOPE),
+    ("0.0.0.0/0", {}, "/0 is every IPv4 address; name your networks"),
+    ("::/0", {}, "/0 is every IPv6 address; name your networks"),  # as much "everyone" as 0.0.0.0/0
     ("::/0", {"family": 4, "everyone": True}, "an IPv6 network, where only IPv4 is taken"),
-    ("10.213.50.0", {"addresses": False}, "a single address"),
+    ("10.213.50.0", {"addresses": False}, "a single address, where a network a.b.c.d/n is needed"),
 ]
 
 
@@ -57,9 +59,9 @@ def test_cidrs_accepted(value, options):
 
 @pytest.mark.parametrize(("value", "options", "reason"), CIDRS_BAD)
 def test_cidrs_refused_naming_entry_variable_and_host(value, options, reason):
-    (problem,) = v.cidr_problems([value], "admin_cidrs", "node1", **options)
-    assert problem.startswith(f"admin_cidrs entry {value} on node1: ")
-    assert reason in problem
+    assert v.cidr_problems([value], "admin_cidrs", "node1", **options) == [
+        f"admin_cidrs entry {value} on node1: {reason}"
+    ]
 
 
 def test_cidrs_one_problem_per_bad_entry_and_not_a_list_refused():
@@ -72,25 +74,36 @@ def test_cidrs_one_problem_per_bad_entry_and_not_a_list_refused():
 # --- addresses ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("value", "ok"), [("10.0.0.1", True), ("::1", True), ("node0", False), ("10.0.0.0/8", False)])
 def test_address(value, ok):
-    assert (v.address_problems(value, "cluster_address", "node0") == []) is ok
+    expected = [] if ok else [f"cluster_address={value} on node0: not an IP address"]
+    assert v.address_problems(value, "cluster_address", "node0") == expected
 
 
-ADDRESS_IN = [
-    ("127.0.0.2", ["127.0.0.0/8"], True),
-    ("10.0.0.5", ["192.168.0.0/16", "10.0.0.0/24"], True),
-    ("2001:db8::5", ["2001:db8::/32"], True),
-    ("127.0.0.2", ["10.0.0.0/8"], False),
-    ("10.0.1.5", ["10.0.0.0/24", "garbage"], False),  # a bad entry is the CIDR check's to name
-    ("node0", ["10.0.0.0/8"], False),
+REFUSED = "the other nodes would refuse this node's own traffic"
+ADDRESS_IN: list[tuple[str, list[str], str | None]] = [
+    # (address, cidrs, the problem; None: inside)
+    ("127.0.0.2", ["127.0.0.0/8"], None),
+    ("10.0.0.5", ["192.168.0.0/16", "10.0.0.0/24"], None),
+    ("2001:db8::5", ["2001:db8::/32"], None),
+    ("10.0.0.5", ["garbage", "10.0.0.0/24"], None),  # a bad entry hides none of the entries after it
+    (
+        "127.0.0.2",
+        ["10.0.0.0/8"],
+        f"ssh_mesh_address=127.0.0.2 on node0 is not in ssh_mesh_allowed_cidrs (10.0.0.0/8): {REFUSED}",
+    ),
+    # a bad entry is the CIDR check's to name; here it is only shown among the rest
+    (
+        "10.0.1.5",
+        ["10.0.0.0/24", "garbage"],
+        f"ssh_mesh_address=10.0.1.5 on node0 is not in ssh_mesh_allowed_cidrs (10.0.0.0/24, garbage): {REFUSED}",
+    ),
+    ("node0", ["10.0.0.0/8"], "ssh_mesh_address=node0 on node0: not an IP address"),
 ]
 
 
-@pytest.mark.parametrize(("address", "cidrs", "inside"), ADDRESS_IN)
-def test_address_in_cidrs(address, cidrs, inside):
+@pytest.mark.parametrize(("address", "cidrs", "problem"), ADDRESS_IN)
+def test_address_in_cidrs(address, cidrs, problem):
     problems = v.address_in_cidrs_problems(address, cidrs, "ssh_mesh_address", "ssh_mesh_allowed_cidrs", "node0")
-    assert (problems == []) is inside
-    if not inside:
-        assert problems[0].startswith(f"ssh_mesh_address={address} on node0")
+    assert problems == ([] if problem is None else [problem])
 
 
 # --- ports --------------------------------------------------------------------------------------------------------
@@ -151,15 +164,19 @@ MISSING = [
     ({"NCCL_SOCKET_IFNAME": "ib9,lo"}, ["NCCL_SOCKET_IFNAME=ib9"]),
     ({"GLOO_SOCKET_IFNAME": "eth"}, ["GLOO_SOCKET_IFNAME=eth"]),  # gloo takes exact names only
     ({"GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}, []),
+    (
+        {"NCCL_SOCKET_IFNAME": "=eth", "GLOO_SOCKET_IFNAME": "eth1"},
+        ["NCCL_SOCKET_IFNAME=eth", "GLOO_SOCKET_IFNAME=eth1"],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("env", "missing"), MISSING)
 def test_missing_interfaces(env, missing):
     problems = v.missing_interfaces(env, ["lo", "eth0"], "node1")
-    assert bool(problems) == bool(missing)
-    if missing:
-        assert problems[0].startswith(", ".join(missing) + " in train_env on node1: no such interface")
+    # One sentence for all of them, naming what the node has (sorted).
+    expected = [f"{', '.join(missing)} in train_env on node1: no such interface (it has eth0, lo)"] if missing else []
+    assert problems == expected
 
 
 # --- versions -----------------------------------------------------------------------------------------------------
@@ -187,19 +204,33 @@ VERSIONS = [
 ]
 
 
+# The form the message asks for: apt's exact form where a revision is needed, else the version's alphabet.
+APT_FORM = "epoch:upstream-revision as `apt-cache policy` prints it"
+PLAIN_FORM = "digits and . + ~ - :"
+
+
 @pytest.mark.parametrize(("value", "revision", "ok"), VERSIONS)
 def test_exact_version(value, revision, ok):
     problems = v.version_problems(value, "docker_version", "node0", revision=revision)
-    assert (problems == []) is ok
-    if not ok:
-        assert problems[0].startswith(f"docker_version='{value or ''}' on node0: not an exact version")
+    form = APT_FORM if revision else PLAIN_FORM
+    message = (
+        f"docker_version='{value or ''}' on node0: not an exact version ({form}; no wildcards, ranges or 'latest')"
+    )
+    assert problems == ([] if ok else [message])
 
 
 def test_versions_of_several_variables_as_pairs_or_mapping():
     pairs = [["gpu_stack_cuda_version", "12.4"], ["gpu_stack_nccl_version", "2.21.5-1+cuda12.4"]]
     assert v.versions_problems(pairs, revision=True) == v.versions_problems(dict(pairs), revision=True)
     (problem,) = v.versions_problems(pairs, revision=True)
-    assert problem.startswith("gpu_stack_cuda_version='12.4': ")
+    assert problem.startswith(f"gpu_stack_cuda_version='12.4': not an exact version ({APT_FORM}; ")
+
+
+def test_a_revision_is_only_required_when_asked_for():
+    # docker's role passes no revision: "27.3.1" is its exact form.
+    assert v.version_problems("27.3.1", "docker_version") == []
+    assert v.versions_problems({"docker_version": "27.3.1"}) == []
+    assert v.versions_problems({"docker_version": "27.3.1"}, revision=True) != []
 
 
 # --- names and paths ------------------------------------------------------------------------------------------------
@@ -221,68 +252,110 @@ def test_versions_of_several_variables_as_pairs_or_mapping():
     ],
 )
 def test_safe_name(value, ok):
-    assert (v.safe_name_problems(value, "train_job_name", "n") == []) is ok
+    reason = "not a plain name (letters, digits, . _ -, starting with a letter or digit, no '..')"
+    expected = [] if ok else [f"train_job_name={value or ''} on n: {reason}"]
+    assert v.safe_name_problems(value, "train_job_name", "n") == expected
 
 
-SHARED_DIRS = [
-    ("/data", True),
-    ("/srv/ddp", True),
-    ("/mnt/scratch", True),
-    ("/home/ddp/shared", True),
-    ("/var/nfs/ddp", True),
-    ("/", False),
-    ("/etc", False),
-    ("/etc/ddp", False),  # inside a system tree
-    ("/usr/local/ddp", False),
-    ("/var", False),
-    ("/home", False),
-    ("/root", False),
-    ("/tmp", False),
-    ("/run", False),
-    ("/proc/1", False),
-    ("/lib64", False),
-    ("/srv", False),
-    ("data", False),  # relative
-    ("/data/", False),  # not normalised
-    ("/data/../etc", False),
-    ("//data", False),
-    ("/my data", False),
-    ("", False),
+SYSTEM = (
+    "a system directory; the NFS server would give it to the cluster user and export it read-write. "
+    "Use a directory of its own, e.g. /data or /srv/ddp"
+)
+NOT_ABSOLUTE = "not an absolute path without spaces"
+SHARED_DIRS: list[tuple[str | None, str | None]] = [
+    # (value, the reason it is refused; None: accepted)
+    ("/data", None),
+    ("/srv/ddp", None),
+    ("/mnt/scratch", None),
+    ("/home/ddp/shared", None),
+    ("/var/nfs/ddp", None),
+    ("/opt/ddp", None),
+    ("/", SYSTEM),
+    ("/etc", SYSTEM),
+    ("/etc/ddp", SYSTEM),  # inside a system tree
+    ("/usr/local/ddp", SYSTEM),
+    ("/var", SYSTEM),
+    ("/home", SYSTEM),
+    ("/root", SYSTEM),
+    ("/tmp", SYSTEM),
+    ("/run", SYSTEM),
+    ("/proc/1", SYSTEM),
+    ("/lib64", SYSTEM),
+    ("/srv", SYSTEM),
+    ("/bin", SYSTEM),
+    ("/boot", SYSTEM),
+    ("/dev", SYSTEM),
+    ("/lib", SYSTEM),
+    ("/lib32", SYSTEM),
+    ("/libx32", SYSTEM),
+    ("/sbin", SYSTEM),
+    ("/sys", SYSTEM),
+    ("/media", SYSTEM),
+    ("/mnt", SYSTEM),
+    ("/opt", SYSTEM),
+    ("/var/lib", SYSTEM),
+    ("/var/log", SYSTEM),
+    ("/var/tmp", SYSTEM),
+    ("data", NOT_ABSOLUTE),  # relative
+    ("/my data", NOT_ABSOLUTE),
+    ("", NOT_ABSOLUTE),
+    (None, NOT_ABSOLUTE),
+    ("/data/", "not a normalised path (write it as /data)"),
+    ("/data/../etc", "not a normalised path (write it as /etc)"),
+    ("//data", "not a normalised path (write it as /data)"),  # POSIX keeps a leading //
+    ("//Xilinx", "not a normalised path (write it as /Xilinx)"),  # only the slashes go, never the name
 ]
 
 
-@pytest.mark.parametrize(("value", "ok"), SHARED_DIRS)
-def test_shared_dir(value, ok):
-    problems = v.shared_dir_problems(value, "shared_dir", "node0")
-    assert (problems == []) is ok
-    if not ok:
-        assert problems[0].startswith(f"shared_dir={value} on node0: ")
+@pytest.mark.parametrize(("value", "reason"), SHARED_DIRS)
+def test_shared_dir(value, reason):
+    expected = [] if reason is None else [f"shared_dir={value or ''} on node0: {reason}"]
+    assert v.shared_dir_problems(value, "shared_dir", "node0") == expected
 
 
 def test_path_allows_system_dirs_but_only_absolute_normal_paths():
     assert v.path_problems("/var/tmp", "train_image_node_tmp_dir") == []
-    assert "write it as /var/tmp" in v.path_problems("/var/tmp/", "train_image_node_tmp_dir")[0]
+    assert v.path_problems("/var/tmp/", "train_image_node_tmp_dir") == [
+        "train_image_node_tmp_dir=/var/tmp/: not a normalised path (write it as /var/tmp)"
+    ]
 
 
 # --- NFS options -----------------------------------------------------------------------------------------------------
+WEAK = (
+    "weakens root squashing or the port check, so a client could act as root or as another user on the server "
+    "(set nfs_server_allow_weak_options: true if meant)"
+)
+NOT_ONE = "not one option (keyword or keyword=value)"
 NFS_OPTIONS = [
+    # (options, allow_weak, (entry, reason) for each refused entry)
     (["rw", "sync", "root_squash", "no_subtree_check"], False, []),
     (["rw", "sec=krb5p"], False, []),
-    (["no_root_squash"], False, ["'no_root_squash'"]),
-    (["rw", "insecure"], False, ["'insecure'"]),
-    (["all_squash", "anonuid=1000"], False, ["'all_squash'", "'anonuid=1000'"]),
+    (["no_root_squash"], False, [("no_root_squash", WEAK)]),
+    (["rw", "insecure"], False, [("insecure", WEAK)]),
+    (["all_squash", "anonuid=1000"], False, [("all_squash", WEAK), ("anonuid=1000", WEAK)]),
+    (["anongid=1000"], False, [("anongid=1000", WEAK)]),
+    (["insecure_locks"], False, [("insecure_locks", WEAK)]),
+    (["no_auth_nlm"], False, [("no_auth_nlm", WEAK)]),
     (["no_root_squash", "insecure"], True, []),  # the flag says so
-    (["rw) *(rw"], True, ["'rw) *(rw'"]),  # never allowed: it would end the option list
-    (["noatime,nolock"], True, ["'noatime,nolock'"]),
+    (["rw) *(rw"], True, [("rw) *(rw", NOT_ONE)]),  # never allowed: it would end the option list
+    (["noatime,nolock"], True, [("noatime,nolock", NOT_ONE)]),
 ]
 
 
-@pytest.mark.parametrize(("options", "allow_weak", "named"), NFS_OPTIONS)
-def test_nfs_options(options, allow_weak, named):
+@pytest.mark.parametrize(("options", "allow_weak", "refused"), NFS_OPTIONS)
+def test_nfs_options(options, allow_weak, refused):
     problems = v.nfs_option_problems(options, "nfs_server_export_options", "node0", allow_weak=allow_weak)
-    assert len(problems) == len(named), problems
-    for problem, text in zip(problems, named, strict=True):
-        assert problem.startswith(f"nfs_server_export_options entry {text} on node0: ")
+    assert problems == [f"nfs_server_export_options entry '{text}' on node0: {reason}" for text, reason in refused]
+
+
+def test_nfs_options_weak_ones_refused_unless_allowed_and_a_string_is_no_list():
+    assert v.nfs_option_problems(["no_root_squash"], "nfs_server_export_options", "node0") == [
+        f"nfs_server_export_options entry 'no_root_squash' on node0: {WEAK}"
+    ]
+    # "rw,sync" written as one string would be read letter by letter
+    assert v.nfs_option_problems("rw,sync", "nfs_client_extra_options", "node0") == [
+        "nfs_client_extra_options=rw,sync on node0: not a list of options"
+    ]
 
 
 # --- the inventory's groups and addresses ---------------------------------------------------------------------------
@@ -313,6 +386,13 @@ def test_storage_groups(servers, clients, cluster, message):
     assert problems == [] if message is None else problems[0].startswith(message)
 
 
+def test_storage_groups_without_shared_dir():
+    # The preflight passes shared_dir | default(''): an unset shared_dir is shown as empty.
+    assert v.storage_group_problems({"cluster": ["n0", "n1"]}) == [
+        "group nfs_server holds 0 host(s) (none): the cluster (n0, n1) needs exactly one NFS server for shared_dir=."
+    ]
+
+
 # --- renamed variables ----------------------------------------------------------------------------------------------
 def test_a_variable_under_its_old_name_is_refused_naming_the_new_one():
     renamed = {"train_image": "train_image_name"}
@@ -321,3 +401,39 @@ def test_a_variable_under_its_old_name_is_refused_naming_the_new_one():
         "train_image on node0 is the old name of train_image_name, which nothing reads any more: "
         "set train_image_name instead."
     ]
+
+
+# --- without a host ---------------------------------------------------------------------------------------------------
+# The role-level checks of inventory-wide settings pass no host: the sentence then has no " on <host>" part.
+NO_HOST = [
+    # (validator, its arguments, how its one problem starts)
+    (v.address_problems, ("node0", "cluster_address"), "cluster_address=node0: not an IP address"),
+    (v.cidr_problems, (["x"], "cluster_cidrs"), f"cluster_cidrs entry x: {NOT_A_NETWORK}"),
+    (
+        v.address_in_cidrs_problems,
+        ("10.0.1.5", ["10.0.0.0/24"], "ssh_mesh_address", "ssh_mesh_allowed_cidrs"),
+        "ssh_mesh_address=10.0.1.5 is not in ssh_mesh_allowed_cidrs (10.0.0.0/24): ",
+    ),
+    (v.port_problems, ({"rendezvous_port": 0},), "rendezvous_port=0: not a port"),
+    (v.port_range_problems, (2, 1, {}), "firewall_data_port_range_start=2 is above firewall_data_port_range_end=1: "),
+    (v.port_clash_problems, (22, "rendezvous_port", SERVICES), "rendezvous_port=22 is also firewall_ssh_port=22: "),
+    (v.interface_problems, ("eth 0", "GLOO_SOCKET_IFNAME"), "GLOO_SOCKET_IFNAME=eth 0: not an interface name"),
+    (v.missing_interfaces, ({"GLOO_SOCKET_IFNAME": "eth9"}, ["eth0"]), "GLOO_SOCKET_IFNAME=eth9 in train_env: "),
+    (v.version_problems, ("latest", "docker_version"), "docker_version='latest': not an exact version"),
+    (v.versions_problems, ({"docker_version": "latest"},), "docker_version='latest': not an exact version"),
+    (v.safe_name_problems, ("..", "train_job_name"), "train_job_name=..: not a plain name"),
+    (v.path_problems, (None, "train_image_node_tmp_dir"), f"train_image_node_tmp_dir=: {NOT_ABSOLUTE}"),
+    (v.shared_dir_problems, ("/etc", "shared_dir"), f"shared_dir=/etc: {SYSTEM}"),
+    (v.nfs_option_problems, (["rw)"], "nfs_client_extra_options"), f"nfs_client_extra_options entry 'rw)': {NOT_ONE}"),
+    (
+        v.renamed_problems,
+        (["train_image"], {"train_image": "train_image_name"}),
+        "train_image is the old name of train_image_name, ",
+    ),
+]
+
+
+@pytest.mark.parametrize(("validator", "args", "start"), NO_HOST, ids=[row[0].__name__ for row in NO_HOST])
+def test_without_a_host_the_sentence_names_none(validator, args, start):
+    (problem,) = validator(*args)
+    assert problem.startswith(start)
