@@ -27,8 +27,9 @@ SERVER, CLIENT = NODES
 JOB = "lab"
 # The e2e run: this many steps, with the NFS server stopped for a while once the step-10 checkpoint is on it (the
 # lab saves every 10 steps). Rank 0 trains on through the outage (its checkpoints are on the server's own disk),
-# so the job must be long enough that it is still running when the server is back.
-STEPS = 50
+# so the job must be long enough that it is still running when the server is back: measured, a step takes ~0.4 s
+# and stop, 10 s down and start ~16 s, so the server was back at step 40.
+STEPS = 100
 RESTART_AT_CHECKPOINT = 10
 CHECKPOINTS = f"/data/ddp/{JOB}/checkpoints"
 # On the server's own disk, not on the share.
