@@ -11,6 +11,13 @@ export PATH := $(BIN):$(PATH)
 endif
 export DDP_REPO_ROOT := $(ROOT)
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
+# One id per make command, inherited by its sub-makes: every test host, test network, shared directory and VM
+# set the command creates carries it, so two commands (two roles, or one role twice) run side by side and each
+# cleans up only its own (molecule/testrun.sh). Set DDP_TEST_RUN to choose it.
+ifeq ($(DDP_TEST_RUN),)
+DDP_TEST_RUN := t$(shell od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
+endif
+export DDP_TEST_RUN
 
 INVENTORY ?= inventory/local
 RESUME ?= auto
@@ -47,22 +54,21 @@ unit: setup ## pytest on the controller (train/, helpers, inventory logic); inst
 	tests/host/ensure-tools.sh
 	tests/run-pytest.sh tests/unit --durations=15
 
-test-hosts: setup ## Docker engine up, systemd test-host images built (only when their recipe changed), test network
-	@# Under a lock: scenarios started together (make test's lanes) must not build or create twice. --close:
-	@# the docker daemon this may start must not inherit (and hold) the lock.
+test-hosts: setup ## Docker engine up, systemd test-host images built (only when their recipe changed)
+	@# Under a lock: scenarios started together (make test's lanes) must not build twice. --close: the docker
+	@# daemon this may start must not inherit (and hold) the lock.
 	flock --close /tmp/ddp-test-hosts.lock bash -c 'tests/host/ensure-docker.sh && \
-	  molecule/images/build.sh debian12 debian13 && \
-	  ansible-playbook -i localhost, -c local -e ansible_python_interpreter=$(BIN)/python \
-	    molecule/shared/network.yml >/dev/null'
+	  molecule/images/build.sh debian12 debian13'
 
 molecule: setup test-hosts ## Run every scenario of one role: make molecule ROLE=ssh_mesh
 	@test -n "$(ROLE)" || { echo "usage: make molecule ROLE=<role>  (roles: $(MOLECULE_ROLES))"; exit 2; }
 	@test -d ansible/roles/$(ROLE)/molecule || { echo "role '$(ROLE)' has no molecule scenarios"; exit 2; }
-	trap '$(ROOT)/molecule/cleanup.sh $(ROLE)' EXIT; \
-	  cd ansible/roles/$(ROLE) && molecule -c $(ROOT)/molecule/base.yml test --all
+	@# A make of its own removes its whole run afterwards; inside a larger run (make test), only the role's hosts.
+	trap '$(ROOT)/molecule/cleanup.sh $(if $(filter 0,$(MAKELEVEL)),,$(ROLE))' EXIT; molecule/run-role.sh $(ROLE)
 
 molecule-all: setup test-hosts ## Run the scenarios of every role
-	@for role in $(MOLECULE_ROLES); do \
+	@$(if $(filter 0,$(MAKELEVEL)),trap '$(ROOT)/molecule/cleanup.sh' EXIT;) \
+	for role in $(MOLECULE_ROLES); do \
 	  tests/stage.sh "molecule $$role" $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
@@ -70,14 +76,13 @@ test: setup ## Everything CI runs: lint, unit, then two lanes at once: container
 	tests/stage.sh lint $(MAKE) --no-print-directory lint
 	tests/stage.sh unit $(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory test-hosts vm-images
-	tests/lanes.sh \
+	trap molecule/cleanup.sh EXIT; tests/lanes.sh \
 	  containers "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(CONTAINER_ROLES)'" \
 	  vms "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(VM_ROLES)' && \
 	       tests/stage.sh e2e $(MAKE) --no-print-directory e2e"
-	molecule/cleanup.sh
 
-clean-test-hosts: ## Remove any test host or test network left behind
-	molecule/cleanup.sh
+clean-test-hosts: ## Remove every test run's test hosts, networks and shared directories left behind
+	molecule/cleanup.sh --all
 
 # PROGRAM, ARGS, WORKDIR, JOB and EXTRA_VARS reach the recipe through the environment (make exports what the
 # command line sets), so that quotes, spaces and JSON in them arrive untouched.
@@ -113,7 +118,8 @@ mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpo
 	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))
 
 bench-scale: setup test-hosts ## By hand: site.yml's container-tier stages on 2, 4, 8 test hosts [NODES='2 4 8' STAGES=..]
-	$(BIN)/python tests/scale/bench_scale.py $(if $(NODES),--nodes $(NODES)) $(if $(STAGES),--stages $(STAGES))
+	trap molecule/cleanup.sh EXIT; DDP_TEST_NET=$$(molecule/testrun.sh network) \
+	  $(BIN)/python tests/scale/bench_scale.py $(if $(NODES),--nodes $(NODES)) $(if $(STAGES),--stages $(STAGES))
 
 gpu-check: setup ## On a machine with NVIDIA GPUs: nccl sweep, bf16/fp16+GradScaler/PowerSGD runs, MFU (< 8 min)
 	$(BIN)/python train/gpu_check.py
@@ -131,8 +137,7 @@ vm-images: ## QEMU installed when absent, the Debian 12 VM image built (only whe
 	molecule/vm/image.sh >/dev/null
 
 vm-test: setup vm-images ## The VM-tier scenarios: kernel NFS server and client on two QEMU VMs
-	trap '$(ROOT)/molecule/vm/vmctl.sh down-all nfs_client-' EXIT; \
-	  cd ansible/roles/nfs_client && molecule -c $(ROOT)/molecule/base.yml test --all
+	trap molecule/cleanup.sh EXIT; molecule/run-role.sh nfs_client
 
 vm-clean: ## Stop every VM a killed run left behind and remove its overlays
 	molecule/vm/vmctl.sh down-all

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+from testhosts import container
 
 ROOT = Path(os.environ["DDP_REPO_ROOT"])
 INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
@@ -115,7 +116,7 @@ def play_failure(output: str) -> str:
 
 
 def node_exec(node: str, *command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "exec", node, *command], capture_output=True, text=True, check=False)
+    return subprocess.run(["docker", "exec", container(node), *command], capture_output=True, text=True, check=False)
 
 
 class Background:

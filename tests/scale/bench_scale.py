@@ -35,7 +35,8 @@ CREATE = ROOT / "molecule" / "shared" / "create.yml"
 CLEANUP = ROOT / "molecule" / "cleanup.sh"
 # create.yml labels the hosts with the basename of this directory, so cleanup.sh removes exactly them.
 LABEL = "bench_scale"
-PLATFORM = yaml.safe_load((ROOT / "molecule" / "shared" / "platform.yml").read_text())
+# The test run's network (`make bench-scale` makes it: molecule/testrun.sh).
+SUBNET = f"{os.environ['DDP_TEST_NET']}.0/24"
 DEFAULT_STAGES = ["preflight", "trust", "ssh", "firewall"]
 
 
@@ -62,32 +63,34 @@ def playbook(path: Path, inventory: Path, *extra: str) -> tuple[float, int]:
     return seconds, sum(counts["changed"] for counts in recap(proc.stdout).values())
 
 
-def start_hosts(names: list[str], workdir: Path) -> float:
+def start_hosts(names: list[str], workdir: Path) -> tuple[float, dict[str, str]]:
+    """Boot seconds, and each host's container (create.yml's instance config: instance -> address)."""
     platforms = {"platforms": [{"name": name, "groups": ["cluster", "training"]} for name in names]}
-    extra = {"molecule_yml": platforms, "molecule_instance_config": str(workdir / "instances.yml")}
+    instances = workdir / "instances.yml"
+    extra = {"molecule_yml": platforms, "molecule_instance_config": str(instances)}
     local = workdir / "localhost.ini"
     local.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     seconds, _ = playbook(CREATE, local, "-e", json.dumps(extra))
-    return seconds
+    return seconds, {entry["instance"]: entry["address"] for entry in yaml.safe_load(instances.read_text())}
 
 
-def address(name: str) -> str:
-    network = PLATFORM["test_network_name"]
-    template = f'{{{{(index .NetworkSettings.Networks "{network}").IPAddress}}}}'
+def address(container: str) -> str:
+    """A test host's address on the run's network, its only one."""
+    template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
     return subprocess.run(
-        ["docker", "inspect", "-f", template, name], capture_output=True, text=True, check=True
+        ["docker", "inspect", "-f", template, container], capture_output=True, text=True, check=True
     ).stdout.strip()
 
 
-def write_inventory(names: list[str], path: Path) -> None:
+def write_inventory(containers: dict[str, str], path: Path) -> None:
     """The lab's inventory settings (inventory/lab/group_vars), on test hosts: their network, no GPUs."""
     shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", path.parent / "group_vars")
     # Host variables, because group_vars/all beside an inventory outranks the inventory file's own group vars.
     test_host = {
         "ansible_connection": "community.docker.docker",
         "ansible_python_interpreter": "/usr/bin/python3",
-        "cluster_cidrs": [PLATFORM["test_network_subnet"]],
-        "admin_cidrs": [PLATFORM["test_network_subnet"]],
+        "cluster_cidrs": [SUBNET],
+        "admin_cidrs": [SUBNET],
         # A container may not set the kernel's ephemeral port range (the lab's mode); the role's default may.
         "firewall_data_ports_mode": "cluster_wide",
         "docker_source": "distribution",
@@ -96,7 +99,11 @@ def write_inventory(names: list[str], path: Path) -> None:
         "train_nproc_per_node": 1,
         "train_config": "{{ train_code_dir }}/configs/cpu-smoke.yaml",
     }
-    hosts = {name: {**test_host, "cluster_address": address(name)} for name in names}
+    names = list(containers)
+    hosts = {
+        name: {**test_host, "ansible_host": container, "cluster_address": address(container)}
+        for name, container in containers.items()
+    }
     inventory = {
         "all": {
             # The NFS stage does not run here, but preflight checks the whole inventory, storage layout included.
@@ -116,9 +123,9 @@ def measure(count: int, stages: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ddp-bench-scale-") as tmp:
         workdir = Path(tmp)
         try:
-            boot_s = start_hosts(names, workdir)
+            boot_s, containers = start_hosts(names, workdir)
             inventory = workdir / "inventory.yml"
-            write_inventory(names, inventory)
+            write_inventory(containers, inventory)
             converge = {stage: playbook(PLAYBOOKS / f"{stage}.yml", inventory)[0] for stage in stages}
             rerun = {stage: playbook(PLAYBOOKS / f"{stage}.yml", inventory) for stage in stages}
         finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import testinfra
 from nftrules import verdict
+from testhosts import container
 
 ROOT = Path(os.environ["DDP_REPO_ROOT"])
 INVENTORY_DIR = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
@@ -59,7 +60,7 @@ _UDP_ECHO = (
 
 def node(name: str) -> testinfra.host.Host:
     """A test host reached with `docker exec` (fast; the firewall never sees this path)."""
-    return testinfra.get_host(f"docker://{name}")
+    return testinfra.get_host(f"docker://{container(name)}")
 
 
 def address(name: str) -> str:

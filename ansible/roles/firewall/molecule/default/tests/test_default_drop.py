@@ -18,6 +18,7 @@ from fwprobe import (
     table_listing,
     wait_booted,
 )
+from testhosts import container
 
 PROTECTED, PEER, OUTSIDER = "fw-d12-node0", "fw-d12-node1", "fw-d12-out"
 RENDEZVOUS, NFS, SSH = 29500, 2049, 22
@@ -120,7 +121,7 @@ def test_rollback_timer_is_disarmed_after_a_confirmed_run():
 def test_rules_come_back_after_a_reboot():
     # Restarting the container gives it a fresh network namespace with an empty ruleset, as a reboot does.
     node(PROTECTED).run_expect([0], "nft list table ip other")
-    subprocess.run(["docker", "restart", PROTECTED], check=True, capture_output=True)
+    subprocess.run(["docker", "restart", container(PROTECTED)], check=True, capture_output=True)
     wait_booted(PROTECTED)
     assert node(PROTECTED).run("nft list table ip other").rc != 0, "the restart did not empty the ruleset"
     with listening(PROTECTED, (RENDEZVOUS, OTHER)):

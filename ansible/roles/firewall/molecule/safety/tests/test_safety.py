@@ -14,6 +14,7 @@ from fwprobe import (
     recap_changed,
     run_playbook,
 )
+from testhosts import NETWORK_PREFIX
 
 NODE = "fw-d12-safe0"
 SSH = 22
@@ -45,7 +46,8 @@ def test_refused_when_the_controller_is_not_in_admin_cidrs(over_ssh):
     before = node_state(NODE)
     result = run_playbook({"admin_cidrs": ["192.0.2.0/24"]}, extra_inventory=over_ssh)
     assert result.returncode != 0
-    assert f"refusing to change {NODE}: the controller connects from '172.30.213.1'" in " ".join(result.stdout.split())
+    controller = f"{NETWORK_PREFIX}.1"  # the run network's gateway
+    assert f"refusing to change {NODE}: the controller connects from '{controller}'" in " ".join(result.stdout.split())
     assert recap_changed(result) == [0]
     assert node_state(NODE) == before
 
@@ -88,8 +90,8 @@ BAD_INPUTS = {
         f"firewall_rendezvous_port=50001 on {NODE} is also inside firewall_data_port_range_start-end (50000-51999)",
     ),
     "malformed CIDR": (
-        {"admin_cidrs": ["172.30.213.1/33"]},
-        f"firewall_admin_cidrs entry 172.30.213.1/33 on {NODE}: not an IP network",
+        {"admin_cidrs": [f"{NETWORK_PREFIX}.1/33"]},
+        f"firewall_admin_cidrs entry {NETWORK_PREFIX}.1/33 on {NODE}: not an IP network",
     ),
     "host bits set": ({"cluster_cidrs": ["10.0.0.1/24"]}, "has host bits set"),
     "bad mode": ({"firewall_data_ports_mode": "everything"}, "firewall_data_ports_mode must be one of"),

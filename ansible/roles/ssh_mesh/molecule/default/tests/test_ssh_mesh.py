@@ -5,12 +5,13 @@ import os
 
 import pytest
 import testinfra
+from testhosts import NETWORK_PREFIX
 from testinfra.utils.ansible_runner import AnsibleRunner
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 NODES = AnsibleRunner(INVENTORY).get_hosts("cluster")
 CLUSTER_USER = "ddp"
-CLUSTER_CIDRS = "172.30.213.0/24"  # cluster_cidrs in molecule/base.yml
+CLUSTER_CIDRS = f"{NETWORK_PREFIX}.0/24"  # cluster_cidrs in molecule/base.yml
 SSH_DIR = f"/home/{CLUSTER_USER}/.ssh"
 CLUSTER_KEY = f"{SSH_DIR}/ddp_cluster_ed25519"
 BEFORE = "/root/user-before"  # what prepare gave the user, as it was

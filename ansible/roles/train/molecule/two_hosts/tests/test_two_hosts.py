@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import pytest
+from testhosts import container
 from train_run import (
     ARTIFACTS,
     Background,
@@ -196,7 +197,7 @@ def test_a_killed_rank_is_restarted_and_the_job_finishes_from_its_checkpoint():
 def test_a_stopped_node_fails_the_play_and_a_rerun_resumes_from_the_last_checkpoint():
     run = Background(train_job_name="stopped", train_steps=100000, train_program_args=SLOW_ARGS)
     wait_for("train-node0", "sh", "-c", "ls /data/ddp/stopped/checkpoints/ckpt-*.pt")
-    subprocess.run(["docker", "stop", "--time", "5", "train-node1"], check=True, capture_output=True)
+    subprocess.run(["docker", "stop", "--time", "5", container("train-node1")], check=True, capture_output=True)
     try:
         run.wait(timeout=300)
         output = run.runner.stdout.read()
@@ -204,7 +205,7 @@ def test_a_stopped_node_fails_the_play_and_a_rerun_resumes_from_the_last_checkpo
         assert "failed on node train-node1" in output, play_failure(output)
         assert leftovers("train-node0") == ""
     finally:
-        subprocess.run(["docker", "start", "train-node1"], check=True, capture_output=True)
+        subprocess.run(["docker", "start", container("train-node1")], check=True, capture_output=True)
         node_exec("train-node1", "systemctl", "is-system-running", "--wait")
     last_saved = max(checkpoints("stopped"))
     runner, run_dir = train(train_job_name="stopped", train_steps=5, train_program_args=SLOW_ARGS)

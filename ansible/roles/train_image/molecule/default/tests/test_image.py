@@ -4,6 +4,7 @@ import json
 import subprocess
 
 import pytest
+from testhosts import container
 from train_run import (
     ROOT,
     break_a_run,
@@ -34,7 +35,7 @@ def run_containers(node: str) -> str:
 def test_every_node_holds_the_controllers_image():
     controller = image_id()
     assert controller.startswith("sha256:")
-    assert {node: image_id("docker", "exec", node) for node in NODES} == dict.fromkeys(NODES, controller)
+    assert {node: image_id("docker", "exec", container(node)) for node in NODES} == dict.fromkeys(NODES, controller)
 
 
 def test_image_labels_record_the_versions_inside():
@@ -87,11 +88,11 @@ def test_a_failed_nodes_container_is_removed_and_the_play_names_it():
 
 
 def test_a_code_change_runs_in_the_same_image(tmp_path):
-    images = {node: image_id("docker", "exec", node) for node in NODES}
+    images = {node: image_id("docker", "exec", container(node)) for node in NODES}
     for version in ("1", "2"):
         shipped = tutorial_workdir(tmp_path / "tutorial", version)
         runner, run_dir = train(train_job_name="tutorial-docker", train_program_args=["2", "1"], **shipped)
         assert runner.rc == 0, play_failure(runner.stdout.read())
         for node, log in node_logs(run_dir).items():
             assert f"code version {version}" in log, f"{node} did not run version {version}:\n{log[-2000:]}"
-    assert {node: image_id("docker", "exec", node) for node in NODES} == images
+    assert {node: image_id("docker", "exec", container(node)) for node in NODES} == images
