@@ -284,9 +284,16 @@ class Runner:
         basetemp = self.copy_root / ".mutate-tmp" / str(self.runs)
         basetemp.parent.mkdir(exist_ok=True)  # pytest creates basetemp itself, but not its parent
         command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}"]
+        # In a PID namespace of its own, with its own /proc: a mutant of the node runner's stop can signal every
+        # process it sees (a negated tag check), which outside it would be every process of this machine's user.
+        # --kill-child: when the namespace's first process dies, the kernel ends every process in it. That first
+        # process is a shell, which reaps the orphans a stopped job leaves (a zombie still counts as alive).
+        sandbox = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", '"$@" & wait $!', "-"]
+        if os.geteuid() != 0:
+            sandbox[1:1] = ["--user", "--map-root-user"]
         began = time.monotonic()
         child = subprocess.Popen(
-            [*command, *tests],
+            [*sandbox, *command, *tests],
             cwd=self.copy_root,
             env=self.env,
             stdout=subprocess.PIPE,

@@ -111,7 +111,7 @@ def _write_status(
     exit_code: int | None,
     ended: float | None = None,
     stopped: bool = False,
-    slowest_write_s: float = 0.0,
+    slowest_write_s: float,
 ) -> None:
     # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
     # while a file created later can stay hidden behind a cached negative lookup for up to a minute.
