@@ -27,10 +27,12 @@ ROLE ?=
 # Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
-# `make test` runs the roles on QEMU VMs in a lane of their own, beside the container roles: the VM lane
-# spends most of its time in TCG while the container lane waits on apt and image builds.
+# `make test` runs three lanes at once: the roles on QEMU VMs (then e2e), the roles that build and train in the
+# training image, and the other container roles. The VM lane spends most of its time in TCG, the container
+# lanes mostly wait on apt, image loads and systemd; test runs never collide (molecule/testrun.sh).
 VM_ROLES := nfs_client
-CONTAINER_ROLES := $(filter-out $(VM_ROLES),$(MOLECULE_ROLES))
+TRAINING_ROLES := train_image train
+CONTAINER_ROLES := $(filter-out $(VM_ROLES) $(TRAINING_ROLES),$(MOLECULE_ROLES))
 
 .PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench bench-scale gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
 
@@ -72,12 +74,13 @@ molecule-all: setup test-hosts ## Run the scenarios of every role
 	  tests/stage.sh "molecule $$role" $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
-test: setup ## Everything CI runs: lint, unit, then two lanes at once: container roles | VM roles + e2e (timed)
+test: setup ## Everything CI runs: lint, unit, then three lanes at once: container roles | training roles | VM roles + e2e
 	tests/stage.sh lint $(MAKE) --no-print-directory lint
 	tests/stage.sh unit $(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory test-hosts vm-images
 	trap molecule/cleanup.sh EXIT; tests/lanes.sh \
 	  containers "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(CONTAINER_ROLES)'" \
+	  training "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(TRAINING_ROLES)'" \
 	  vms "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(VM_ROLES)' && \
 	       tests/stage.sh e2e $(MAKE) --no-print-directory e2e"
 

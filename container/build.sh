@@ -10,6 +10,11 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
+# One build at a time on this machine (two make commands, or make test's lanes): the staged context, the base
+# image and the wheelhouse are shared, and a build that waited finds the image current.
+mkdir -p "$root/.cache"
+exec 9>"$root/.cache/image-build.lock"
+flock 9
 variant=${1:-cpu}
 image=${2:-ddp-train:$variant}
 case "$variant" in

@@ -84,10 +84,6 @@ def on(node: str, command: str, timeout: float = 120, stdin: str | None = None) 
     )
 
 
-def run_dirs() -> set[Path]:
-    return {p for p in ARTIFACTS.iterdir() if p.is_dir()} if ARTIFACTS.exists() else set()
-
-
 @dataclass
 class Training:
     result: Result
@@ -104,11 +100,11 @@ class Training:
 
 
 def train(*make_args: str, timeout: float = 1800) -> Training:
-    """`make train` against the lab inventory (through lab.sh, as `make lab` does); the run it collected."""
-    before = run_dirs()
+    """`make train` against the lab inventory (through lab.sh, as `make lab` does); the run it collected, by the
+    directory it names (not the newest one in artifacts/, which another run on this machine may have made)."""
     result = lab("train", *make_args, timeout=timeout)
-    new = sorted(run_dirs() - before, key=lambda p: p.stat().st_mtime)
-    return Training(result, new[-1] if new else None)
+    named = re.search(r"^  full Ansible output: (.+)/ansible\.log$", result.output, re.MULTILINE)
+    return Training(result, Path(named.group(1)) if named else None)
 
 
 def arm_nfs_restart(timeout_s: float = 1500) -> None:
