@@ -22,6 +22,7 @@ ROOT = Path(os.environ["DDP_REPO_ROOT"])
 INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
 # Where the scenario's inventory tells the train role to collect (train_artifacts_dir).
 ARTIFACTS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "artifacts"
+SHARED_DIR = "/data"  # shared_dir of the scenarios that train: a bind mount of one controller directory
 TUTORIAL = ROOT / "examples" / "ddp-tutorial"
 
 
@@ -158,11 +159,14 @@ class BrokenRun:
 
 def break_a_run(node: str, kill: tuple[str, ...], **extravars: Any) -> BrokenRun:
     """Starts a long run, waits until node trains, runs the kill command there, and waits for the play to end."""
+    # Marks the start on the shared directory, so that only this run's metrics can count as steps taken.
+    started = node_exec(node, "touch", f"{SHARED_DIR}/.break-a-run")
+    assert started.returncode == 0, started.stderr
     run = Background(train_resume="never", train_steps=100000, **extravars)
-    # The rank itself (torchrun starts it as `python -u .../train.py`, also inside a container, whose processes
-    # the test host sees): the launcher's and torchrun's command lines name train.py long before it runs.
-    wait_for(node, "pgrep", "-f", " -u .*train/train.py")
-    time.sleep(10)  # well into the run: past rendezvous, taking steps
+    # Past rendezvous and taking steps: rank 0 has written a metrics line of this run (every node sees the
+    # shared directory).
+    newer_metrics = f"find {SHARED_DIR} -name metrics.jsonl -newer {SHARED_DIR}/.break-a-run -size +0c | grep -q ."
+    wait_for(node, "sh", "-c", newer_metrics)
     node_exec(node, *kill)
     killed_at = time.monotonic()
     run.wait(timeout=240)
