@@ -57,8 +57,18 @@ TARGETS = {
         ("tests/unit/test_plugin_gpu_stack_versions.py",),
         30,
     ),
-    # Spawns the runner as a process (launch, poll, stop, check-rendezvous): about 5 s unmutated.
-    "ddp_node": Target("ansible/roles/train/files/ddp_node.py", ("tests/unit/test_launch_node_runner.py",), 60),
+    # In process where it can, as a process where signals or hangs are the point (launch, stop): about 12 s unmutated.
+    "ddp_node": Target(
+        "ansible/roles/train/files/ddp_node.py",
+        (
+            "tests/unit/test_launch_node_runner.py",
+            "tests/unit/test_node_runner_launch.py",
+            "tests/unit/test_node_runner_poll.py",
+            "tests/unit/test_node_runner_stop.py",
+            "tests/unit/test_progress_contract.py",  # the report kinds that jobctl and the callback share
+        ),
+        60,
+    ),
     "checkpoint": Target("train/ddp_train/checkpoint.py", ("tests/unit/test_checkpoint.py",), 60),
     # The data tests only (so every new one counts): the model tests in the same file cost seconds.
     "data": Target(

@@ -11,7 +11,7 @@
         latest metrics line when FILE exists here.
         Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
         `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
-        S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
+        more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
     ddp_node.py read-log --node-dir D [--offset N]
         Prints {"offset": END, "text": ..., "ended": BOOL}: this node's log from byte N on, and whether its part
         of the job has ended (for `make logs`, following).
@@ -48,15 +48,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-HEARTBEAT_EVERY_S = 5.0
+HEARTBEAT_EVERY_S = 5.0  # pragma: no mutate (a pace: --stale-after, not this, decides what counts as silent)
 # The "kind" of the JSON that poll and read-log print: the contract with the controller's programs
 # (ansible/jobctl.py), which find these reports in any task's result by it, whatever the task is called.
 POLL_REPORT = "ddp_node.poll/1"
 LOG_REPORT = "ddp_node.log/1"
-# A node whose status file has not appeared this long after the first poll never started. Generous: an NFS
-# client can keep a negative lookup of a file created after it first looked for up to a minute.
-NEVER_STARTED_AFTER_S = 90.0
-JOB_TAG_VAR = "DDP_NODE_JOB"
+# A node whose status file has not appeared more than this long after the first poll never started. Generous: an
+# NFS client can keep a negative lookup of a file created after it first looked for up to a minute.
+NEVER_STARTED_AFTER_S = 90.0  # pragma: no mutate (an allowance: any over a minute does)
+JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other program sets)
 
 
 def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> int:
@@ -90,7 +90,7 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> i
             count += 1
             write_status(beat=count, exit_code=None)
 
-    beater = threading.Thread(target=beat, daemon=True)
+    beater = threading.Thread(target=beat, daemon=True)  # pragma: no mutate (joined below, unless interrupted)
     beater.start()
     # A stop from Ansible (or the async timeout) reaches this process: pass it on to the job's group.
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(child.pid, signal.SIGTERM))
@@ -241,7 +241,7 @@ def _first_to_end(failed: list[str], statuses: dict[str, Any]) -> str:
 def poll(args: argparse.Namespace) -> int:
     pgid = _read_int(args.node_dir / "pgid")
     exit_code = _read_int(args.node_dir / "exit")
-    seen_file = args.node_dir / "heartbeats-seen.json"
+    seen_file = args.node_dir / "heartbeats-seen.json"  # pragma: no mutate (its only name: poll reads and writes it)
     try:
         seen = json.loads(seen_file.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -297,7 +297,7 @@ def stop(args: argparse.Namespace) -> int:
             _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + args.grace
         while _job_alive(args.node_dir, pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.2)  # pragma: no mutate (a polling pace: slower or busy, the same outcome)
         if _job_alive(args.node_dir, pgid):
             _kill_job(args.node_dir, pgid, signal.SIGTERM)
             time.sleep(1)
@@ -332,7 +332,7 @@ def check_rendezvous(args: argparse.Namespace) -> int:
             socket.create_connection((args.master_addr, args.port), timeout=2).close()
         except OSError as err:
             error = err
-            time.sleep(0.5)
+            time.sleep(0.5)  # pragma: no mutate (a retry pace: slower or busy, the same outcome)
         else:
             return 0
     where = f"{args.master_addr}:{args.port}"
