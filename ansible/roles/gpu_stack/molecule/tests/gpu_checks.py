@@ -25,29 +25,6 @@ def inventory_var(name: str, host: str | None = None):
     return AnsibleRunner(INVENTORY).get_variables(host or NODES[0])[name]
 
 
-def installed_version(host, package: str) -> str:
-    """The installed version of a package, or "" when it is not installed."""
-    result = host.run(f"dpkg-query --show --showformat='${{Version}} ${{db:Status-Status}}' {package}")
-    version, _, status = result.stdout.strip().partition(" ")
-    return version if result.rc == 0 and status == "installed" else ""
-
-
-def held_packages(host) -> set[str]:
-    return set(host.check_output("apt-mark showhold").split())
-
-
-def apt_would_change(host, args: str) -> list[str]:
-    """The packages `apt-get -s <args>` would install, upgrade, downgrade or remove."""
-    result = host.run(f"apt-get -s {args}")
-    assert result.rc == 0, result.stdout + result.stderr
-    return [line.split()[1] for line in result.stdout.splitlines() if line.startswith(("Inst ", "Remv "))]
-
-
-def candidate(host, package: str, *apt_options: str) -> str:
-    policy = host.check_output(f"apt-cache {' '.join(apt_options)} policy {package}")
-    return next(line.split()[1] for line in policy.splitlines() if line.strip().startswith("Candidate:"))
-
-
 def available_versions(host, package: str) -> list[str]:
     return host.check_output(f"apt-cache madison {package} | cut -d'|' -f2").split()
 

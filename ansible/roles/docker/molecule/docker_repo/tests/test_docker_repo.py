@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from apt_state import apt_would_change, candidate, held_packages, installed_version
 from testinfra.utils.ansible_runner import AnsibleRunner
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
@@ -30,29 +31,6 @@ UPDATE_DOCKER_SOURCE = (
     " -o APT::Get::List-Cleanup=0"
 )
 PROBE = "ddp-probe:local"
-
-
-def installed_version(host, package: str) -> str:
-    """The installed version of a package, or "" when it is not installed."""
-    result = host.run(f"dpkg-query --show --showformat='${{Version}} ${{db:Status-Status}}' {package}")
-    version, _, status = result.stdout.strip().partition(" ")
-    return version if result.rc == 0 and status == "installed" else ""
-
-
-def held_packages(host) -> set[str]:
-    return set(host.check_output("apt-mark showhold").split())
-
-
-def candidate(host, package: str) -> str:
-    policy = host.check_output(f"apt-cache policy {package}")
-    return next(line.split()[1] for line in policy.splitlines() if line.strip().startswith("Candidate:"))
-
-
-def apt_would_change(host, args: str) -> list[str]:
-    """The packages `apt-get -s <args>` would install, upgrade, downgrade or remove."""
-    result = host.run(f"apt-get -s {args}")
-    assert result.rc == 0, result.stdout + result.stderr
-    return [line.split()[1] for line in result.stdout.splitlines() if line.startswith(("Inst ", "Remv "))]
 
 
 def fingerprints(host, key_file: str) -> list[str]:

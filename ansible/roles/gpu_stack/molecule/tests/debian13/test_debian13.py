@@ -5,15 +5,8 @@ import re
 import subprocess
 
 import pytest
-from gpu_checks import (
-    NODES,
-    apt_would_change,
-    candidate,
-    held_packages,
-    installed_version,
-    inventory_var,
-    run_check,
-)
+from apt_state import apt_would_change, candidate, held_packages, installed_version
+from gpu_checks import NODES, inventory_var, run_check
 
 testinfra_hosts = NODES
 DRIVER = inventory_var("gpu_stack_driver_version")

@@ -1,15 +1,8 @@
 """After the version was set back to the older one: both nodes moved down, pinned and held there."""
 
 import pytest
-from gpu_checks import (
-    NODES,
-    apt_would_change,
-    candidate,
-    held_packages,
-    installed_version,
-    inventory_var,
-    run_check,
-)
+from apt_state import apt_would_change, candidate, held_packages, installed_version
+from gpu_checks import NODES, inventory_var, run_check
 
 testinfra_hosts = NODES
 OLDER = inventory_var("gpu_test_driver_older")

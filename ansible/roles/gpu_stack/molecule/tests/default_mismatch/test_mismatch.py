@@ -1,16 +1,8 @@
 """After converge: each node pinned and held at its own inventory version, and the check names the odd node."""
 
 import pytest
-from gpu_checks import (
-    NODES,
-    apt_would_change,
-    available_versions,
-    candidate,
-    held_packages,
-    installed_version,
-    inventory_var,
-    run_check,
-)
+from apt_state import apt_would_change, candidate, held_packages, installed_version
+from gpu_checks import NODES, available_versions, inventory_var, run_check
 
 testinfra_hosts = NODES
 OLDER = inventory_var("gpu_test_driver_older")

@@ -1,7 +1,8 @@
 """After the version was changed to the newer one for every node: node0 moved up, both held, the check passes."""
 
 import pytest
-from gpu_checks import NODES, apt_would_change, held_packages, installed_version, inventory_var, run_check
+from apt_state import apt_would_change, held_packages, installed_version
+from gpu_checks import NODES, inventory_var, run_check
 
 testinfra_hosts = NODES
 NEWER = inventory_var("gpu_test_driver_newer")

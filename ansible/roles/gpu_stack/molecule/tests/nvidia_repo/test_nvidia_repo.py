@@ -8,18 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_checks import (
-    INVENTORY,
-    NODES,
-    REPO,
-    apt_would_change,
-    available_versions,
-    candidate,
-    held_packages,
-    installed_version,
-    inventory_var,
-    run_check,
-)
+from apt_state import apt_would_change, candidate, held_packages, installed_version
+from gpu_checks import INVENTORY, NODES, REPO, available_versions, inventory_var, run_check
 
 testinfra_hosts = NODES
 VERSIONS = inventory_var("gpu_test_repo_versions")
