@@ -17,6 +17,18 @@ suite_of() {
   esac
 }
 
+# The property above, read back from the image itself.
+check_fresh_apt_state() {
+  docker run --rm --network none --entrypoint /bin/sh "$1" -c '
+    set -e
+    lists=$(find /var/lib/apt/lists -mindepth 1 -name "*_Packages*" | head -n 3)
+    [ -z "$lists" ] || { echo "image has package lists: $lists"; exit 1; }
+    [ ! -e /var/lib/apt/periodic/update-success-stamp ] || { echo "image has an apt update stamp"; exit 1; }
+    [ "$(stat -c %Y /var/lib/apt/lists)" = 0 ] || { echo "image lists directory is not stamped never-refreshed"; exit 1; }
+    [ ! -e /var/cache/apt/pkgcache.bin ] || { echo "image has an apt package cache"; exit 1; }' \
+    || { echo "$1: a test host must start without apt package lists" >&2; return 1; }
+}
+
 build_one() {
   local name=$1 suite tag rootfs
   suite=$(suite_of "$name")
@@ -55,10 +67,17 @@ UNIT
   # Units that cannot work in a container only slow the boot down.
   chroot "$rootfs" systemctl mask systemd-remount-fs.service getty.target console-getty.service \
     systemd-firstboot.service >/dev/null 2>&1
-  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
+  # A test host starts as a new machine does: no package lists, and lists that say "never refreshed" (apt's
+  # cache_valid_time reads this directory's mtime, which emptying it would set to now). A scenario that installs
+  # a package without refreshing the lists then fails on every machine, not only on one that built the image
+  # less than cache_valid_time ago.
+  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin \
+    "$rootfs"/var/lib/apt/periodic
+  touch -d @0 "$rootfs"/var/lib/apt/lists
   tar -C "$rootfs" -c . | docker import \
     --change 'CMD ["/lib/systemd/systemd"]' \
     - "$tag" >/dev/null
+  check_fresh_apt_state "$tag" || { docker image rm "$tag" >/dev/null; return 1; }
   docker tag "$tag" "ddp-testhost:$name"
   echo "built $tag"
 }
