@@ -41,9 +41,11 @@ help: ## List the targets
 
 setup: $(VENV)/.installed ## Create .venv with the pinned toolchain (quick when already done)
 
-$(VENV)/.installed: requirements.txt constraints.txt
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	@# The launcher's `ddp` command; editable, so the source tree is what runs. Its dependencies came above.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 lint: setup ## yamllint, ansible-lint (production profile), ruff
@@ -90,32 +92,32 @@ clean-test-hosts: ## Remove every test run's test hosts, networks and shared dir
 # PROGRAM, ARGS, WORKDIR, JOB and EXTRA_VARS reach the recipe through the environment (make exports what the
 # command line sets), so that quotes, spaces and JSON in them arrive untouched.
 train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB]
-	$(BIN)/python ansible/run_training.py --inventory "$(INVENTORY)" --resume "$(RESUME)" \
+	$(BIN)/ddp train --inventory "$(INVENTORY)" --resume "$(RESUME)" \
 	  $${PROGRAM:+--program "$$PROGRAM"} $${ARGS:+--args "$$ARGS"} $${WORKDIR:+--workdir "$$WORKDIR"} \
 	  $${JOB:+--job "$$JOB"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"} $(if $(filter 1 true yes,$(DETACH)),--detach)
 
 # A run under control from any terminal; RUN defaults to the newest run (make runs lists them).
 status: setup ## Each node's state, heartbeat age, the master's step/loss/throughput and ETA: [RUN=id]
-	$(BIN)/python ansible/jobctl.py status $${RUN:+--run "$$RUN"}
+	$(BIN)/ddp status $${RUN:+--run "$$RUN"}
 
 logs: setup ## The nodes' logs, prefixed by node: [RUN=id] [NODE=name] [FOLLOW=1]
-	$(BIN)/python ansible/jobctl.py logs $${RUN:+--run "$$RUN"} $${NODE:+--node "$$NODE"} \
+	$(BIN)/ddp logs $${RUN:+--run "$$RUN"} $${NODE:+--node "$$NODE"} \
 	  $(if $(filter 1 true yes,$(FOLLOW)),--follow)
 
 stop: setup ## Stop a run on every node, then collect it: [RUN=id]
-	$(BIN)/python ansible/jobctl.py stop $${RUN:+--run "$$RUN"}
+	$(BIN)/ddp stop $${RUN:+--run "$$RUN"}
 
 runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, duration, code
-	$(BIN)/python ansible/jobctl.py runs
+	$(BIN)/ddp runs
 
 doctor: setup ## Versions, interfaces, TCP per node pair, allreduce sweep, known log failures -> verdicts: [INVENTORY]
-	$(BIN)/python ansible/doctor.py --inventory "$(INVENTORY)" $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
+	$(BIN)/ddp doctor --inventory "$(INVENTORY)" $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
 
 bench: setup ## Figures of merit p1-p4 (allreduce/link, scaling, no-op rerun, checkpoint stall) -> bench.json
-	$(BIN)/python ansible/bench.py --inventory "$(INVENTORY)"
+	$(BIN)/ddp bench --inventory "$(INVENTORY)"
 
 report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=id] [COMPARE=other id]
-	$(BIN)/python ansible/jobctl.py report $${RUN:+--run "$$RUN"} $${COMPARE:+--compare "$$COMPARE"}
+	$(BIN)/ddp report $${RUN:+--run "$$RUN"} $${COMPARE:+--compare "$$COMPARE"}
 
 mutate: setup ## Mutation check, by hand: [MODULE=filters|ddp_node|train|checkpoint|..] [MAX=N]; prints survivors
 	nice -n 10 $(BIN)/python tests/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(MAX),--max-mutants $(MAX))

@@ -22,6 +22,8 @@ ROOT = Path(os.environ["DDP_REPO_ROOT"])
 INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
 # Where the scenario's inventory tells the train role to collect (train_artifacts_dir).
 ARTIFACTS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "artifacts"
+# The `ddp` command, run by this interpreter (the project's .venv, where make setup installed the launcher).
+DDP = [sys.executable, "-m", "ddp_launcher"]
 SHARED_DIR = "/data"  # shared_dir of the scenarios that train: a bind mount of one controller directory
 TUTORIAL = ROOT / "examples" / "ddp-tutorial"
 
@@ -86,19 +88,19 @@ def train(cancel: threading.Event | None = None, **extravars: Any) -> tuple[Any,
     return runner, (new[-1] if new else None)
 
 
-def cli(program: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """ansible/run_training.py (make train), jobctl.py (make status/logs/stop/runs) or doctor.py (make doctor) on the
-    test hosts."""
-    command = [sys.executable, str(ROOT / "ansible" / program), *args]
-    if program in ("run_training.py", "doctor.py"):
+def cli(command_name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The launcher's command (`ddp train`, `ddp status`, `ddp doctor`, ...: what the make targets run) on the test
+    hosts."""
+    command = [*DDP, command_name, *args]
+    if command_name in ("train", "doctor"):
         command += ["--inventory", str(INVENTORY)]
     command += ["--artifacts", str(ARTIFACTS)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def start_cli_training(*args: str) -> subprocess.Popen[str]:
-    """ansible/run_training.py in a process group of its own (as a terminal's foreground job), output piped."""
-    command = [sys.executable, str(ROOT / "ansible/run_training.py"), "--inventory", str(INVENTORY)]
+    """`ddp train` in a process group of its own (as a terminal's foreground job), output piped."""
+    command = [*DDP, "train", "--inventory", str(INVENTORY)]
     return subprocess.Popen(
         [*command, "--artifacts", str(ARTIFACTS), *args],
         stdout=subprocess.PIPE,

@@ -35,7 +35,9 @@ def test_bench_records_the_noop_rerun_against_the_converge(site_runs):
     bench = subprocess.run(
         [
             sys.executable,
-            "ansible/bench.py",
+            "-m",
+            "ddp_launcher",
+            "bench",
             "--inventory",
             str(INVENTORY),
             "--only",

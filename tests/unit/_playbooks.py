@@ -23,8 +23,15 @@ class PlaybookRun:
     output: str
     events: list[dict]
 
-    def started_tasks(self) -> set[str]:
-        return {e["event_data"].get("task") for e in self.events if e["event"] == "playbook_on_task_start"}
+    def started_task_files(self) -> set[str]:
+        """The task files (task_path without its line) of every task that started: which part of a role ran,
+        whatever its tasks are called."""
+        paths = (e["event_data"].get("task_path") or "" for e in self.events if e["event"] == "playbook_on_task_start")
+        return {path.rpartition(":")[0] for path in paths}
+
+    def started_any_of(self, role_task_file: str) -> bool:
+        """Whether a task of ansible/roles/<role_task_file> (e.g. 'train/tasks/run.yml') started."""
+        return any(path.endswith("/roles/" + role_task_file) for path in self.started_task_files())
 
     def changed_results(self) -> list[dict]:
         return [e for e in self.events if e["event"] == "runner_on_ok" and e["event_data"]["res"].get("changed")]

@@ -3,8 +3,9 @@
 import json
 from pathlib import Path
 
+from ddp_launcher import bench
+
 ROOT = Path(__file__).resolve().parents[2]
-import bench  # noqa: E402  (a program beside the playbooks, not a package)
 
 
 def test_p1_is_busbw_at_64_mib_over_the_slowest_pairs_bandwidth():

@@ -3,9 +3,9 @@
 import json
 from pathlib import Path
 
-import doctor
 import pytest
 from _make import ARTIFACTS, make
+from ddp_launcher import doctor
 
 
 def newest_doctor_dir() -> Path:

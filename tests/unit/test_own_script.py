@@ -3,6 +3,7 @@ persistent work dir with exactly its arguments, its outputs collected, and resum
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import uuid
@@ -13,6 +14,16 @@ from _make import ROOT, make_train, node_log
 from _modules import load
 
 TUTORIAL = ROOT / "examples" / "ddp-tutorial"
+STAGES = [
+    "checking the inventory",
+    "checking driver, CUDA and NCCL versions agree",
+    "preflight on every node",
+    "rendezvous check",
+    "shipping the working directory to shared storage",
+    "starting torchrun on every node",
+    "stopping the run everywhere",
+    "collecting checkpoints, metrics and logs",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +51,11 @@ def test_own_script_ships_runs_in_the_shared_work_dir_and_resumes_from_its_snaps
     first, run_id = make_train(f"PROGRAM={workdir}/main.py", f"JOB={job}", f"EXTRA_VARS={args}")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "code version 1" in node_log(run_id)
+    # What a user reads: one line per stage (known by its role task file, not by a task title), what was packed,
+    # and the outcome read back from run.json.
+    assert [line[2:] for line in first.stdout.splitlines() if line.startswith("- ")] == STAGES, first.stdout
+    assert re.search(r"^  packed 3 files, [0-9.]+ kB, sha256 [0-9a-f]{12}$", first.stdout, re.MULTILINE), first.stdout
+    assert f"  run {run_id}: succeeded\n  no summary.json in the run's DDP_OUTPUT_DIR" in first.stdout, first.stdout
 
     snapshot = ROOT / "runs" / "ddp" / job / "work" / "snapshot.pt"
     assert snapshot.is_file(), "the relative snapshot.pt is not in the job's shared work dir"

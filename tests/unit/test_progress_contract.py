@@ -1,26 +1,47 @@
-"""The contract between the nodes' runner (ddp_node.py) and the controller's programs (jobctl.py, run_training.py,
-the ddp_default stdout callback): reports are found by their kind, whatever the task that printed them is called."""
+"""The contract between the nodes' runner (ddp_node.py) and the controller's side (the launcher package's control
+and train modules, the ddp_default stdout callback): reports are found by their kind, whatever the task that
+printed them is called; run.json carries the record version the launcher reads."""
 
+import ast
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
 from _modules import load
+from ddp_launcher import contract
+from ddp_launcher import control as jobctl
+from ddp_launcher import train as run_training
 
 ROOT = Path(__file__).resolve().parents[2]
-import jobctl  # noqa: E402  (programs beside the playbooks, not a package)
-import run_training  # noqa: E402
 
 RUNNER = ROOT / "ansible/roles/train/files/ddp_node.py"
 
 
 def test_every_reader_knows_the_kinds_the_runner_prints():
     ddp_node = load("ddp_node", RUNNER)
-    assert (jobctl.POLL_REPORT, jobctl.LOG_REPORT) == (ddp_node.POLL_REPORT, ddp_node.LOG_REPORT)
-    callback = (ROOT / "ansible/plugins/callback/ddp_default.py").read_text()
-    assert f'POLL_REPORT = "{ddp_node.POLL_REPORT}"' in callback
+    assert (contract.POLL_REPORT, contract.LOG_REPORT) == (ddp_node.POLL_REPORT, ddp_node.LOG_REPORT)
+    callback = load("ddp_default", ROOT / "ansible/plugins/callback/ddp_default.py")
+    report = {"kind": ddp_node.POLL_REPORT, "metrics": {"step": 1}}
+    assert callback.poll_report({"stdout": json.dumps(report)}) == report
+    assert callback.poll_report({"stdout": json.dumps(report | {"kind": ddp_node.LOG_REPORT})}) is None
+
+
+def test_the_role_records_the_version_the_launcher_reads():
+    role_vars = yaml.safe_load((ROOT / "ansible/roles/train/vars/main.yml").read_text())
+    assert role_vars["__train_run_record_version"] == contract.RUN_RECORD_VERSION
+    assert "__train_run_record_version" in (ROOT / "ansible/roles/train/tasks/record.yml").read_text()
+
+
+def test_a_run_recorded_by_a_newer_launcher_is_refused_by_name(tmp_path):
+    run_dir = tmp_path / "job-1"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"version": contract.RUN_RECORD_VERSION + 1, "job": "job"}))
+    with pytest.raises(LookupError, match=f"run.json version {contract.RUN_RECORD_VERSION + 1};"):
+        jobctl.find_run("job-1", tmp_path)
 
 
 def real_poll_report(tmp_path: Path) -> str:
@@ -52,10 +73,10 @@ def test_make_train_prints_progress_from_a_poll_whatever_its_task_is_called(tmp_
 
 
 def test_make_status_reads_the_same_report():
-    report = {"kind": jobctl.POLL_REPORT, "job": "running", "metrics": {"step": 3}}
+    report = {"kind": contract.POLL_REPORT, "job": "running", "metrics": {"step": 3}}
     event = {"event": "runner_on_ok", "event_data": {"host": "n", "res": {"stdout": json.dumps(report)}}}
-    assert jobctl.node_report(event, jobctl.POLL_REPORT) == report
-    assert jobctl.node_report(event, jobctl.LOG_REPORT) is None
+    assert contract.task_report(event, contract.POLL_REPORT) == report
+    assert contract.task_report(event, contract.LOG_REPORT) is None
 
 
 def test_make_train_learns_the_run_id_from_the_fact_the_train_role_sets():
@@ -66,3 +87,63 @@ def test_make_train_learns_the_run_id_from_the_fact_the_train_role_sets():
     printer = run_training.Printer()
     printer({"event": "runner_on_ok", "event_data": {"task": "any", "res": {"ansible_facts": {"train_run_id": "r1"}}}})
     assert printer.run_id == "r1"
+
+
+def task_titles() -> set[str]:
+    """Every task title in the roles and playbooks (the literal part before any Jinja)."""
+    nested = ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers")
+
+    def tasks_in(node: object) -> Iterator[dict]:
+        if isinstance(node, list):
+            for item in node:
+                yield from tasks_in(item)
+        elif isinstance(node, dict):
+            yield node
+            for key in nested:
+                yield from tasks_in(node.get(key))
+
+    titles = set()
+    for path in [*ROOT.glob("ansible/**/*.yml"), *ROOT.glob("molecule/**/*.yml"), ROOT / "site.yml"]:
+        for task in tasks_in(yaml.safe_load(path.read_text())):
+            if isinstance(task.get("name"), str):
+                titles.add(task["name"].split("{{")[0].strip())
+    return {title for title in titles if len(title) >= MIN_TITLE}
+
+
+# Shorter literals ("Start", "Check the") match titles by chance, not by intent.
+MIN_TITLE = 12
+# Python that reads what Ansible does: the launcher, the callback, the node runner, the roles' plugins and
+# modules, molecule's shared helpers, the unit and e2e tests. The role scenarios' own tests are left out: they
+# read a role's console output as its operator does (a rollback message quotes the check that failed).
+CODE = ["ansible/ddp_launcher", "ansible/plugins", "ansible/roles/*/files", "ansible/roles/*/library"]
+CODE += ["ansible/roles/*/filter_plugins", "molecule/shared", "train", "tests/unit", "tests/e2e", "tests/lab"]
+
+
+def matches_a_title(literal: str, titles: set[str]) -> str | None:
+    text = literal.strip()
+    if len(text) < MIN_TITLE:
+        return None
+    return next((title for title in titles if title.startswith(text) or title in text), None)
+
+
+def test_no_task_title_carries_meaning_in_python():
+    titles = task_titles()
+    assert "Start torchrun on every node" in titles  # the scan sees the roles' tasks
+    found = []
+    for pattern in CODE:
+        for path in sorted(p for folder in ROOT.glob(pattern) for p in folder.rglob("*.py")):
+            if path == Path(__file__).resolve():
+                continue  # this scan's own examples
+            for node in ast.walk(ast.parse(path.read_text())):
+                literal = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+                if title := matches_a_title(literal, titles):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {title!r}")
+    assert not found, "task titles read by Python code:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("literal", "matched"),
+    [("Summarise the run", True), ("Start torchrun", True), ("  Start torchrun on every node  ", True), ("x", False)],
+)
+def test_the_title_scan_sees_a_title_or_its_prefix(literal, matched):
+    assert (matches_a_title(literal, task_titles()) is not None) is matched

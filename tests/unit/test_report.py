@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+from ddp_launcher import report
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
-import report  # noqa: E402  (a program beside the playbooks, not a package)
 
 MATPLOTLIB_BLUE = (31, 119, 180)  # the first line colour of every plot
 PLOTS = {"Loss", "Throughput (samples/s)", "Step time and communication time (s)", "Communication share",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
+
+# The launcher package (make setup installs it into .venv, where Ansible runs) defines the report kinds once.
+from ddp_launcher.contract import POLL_REPORT, parse_report
 
 DOCUMENTATION = """
     name: ddp_default
@@ -20,21 +22,12 @@ DOCUMENTATION = """
       - result_format_callback
     requirements:
       - set as stdout_callback in ansible.cfg (this project's does)
+      - the launcher package ddp_launcher importable (make setup installs it), for the report kinds
 """
-
-# ansible/roles/train/files/ddp_node.py's POLL_REPORT: the kind of JSON its poll prints.
-POLL_REPORT = "ddp_node.poll/1"
 
 
 def poll_report(result: dict[str, Any]) -> dict[str, Any] | None:
-    stdout = result.get("stdout")
-    if not isinstance(stdout, str) or not stdout.startswith('{"kind": '):
-        return None
-    try:
-        report = json.loads(stdout)
-    except json.JSONDecodeError:
-        return None
-    return report if report.get("kind") == POLL_REPORT else None
+    return parse_report(result.get("stdout"), POLL_REPORT)
 
 
 class CallbackModule(DefaultCallback):

@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 HEARTBEAT_EVERY_S = 5.0  # pragma: no mutate (a pace: --stale-after, not this, decides what counts as silent)
-# The "kind" of the JSON that poll and read-log print: the contract with the controller's programs
-# (ansible/jobctl.py), which find these reports in any task's result by it, whatever the task is called.
+# The "kind" of the JSON that poll and read-log print: the launcher's contract module (ansible/ddp_launcher/
+# contract.py) defines them, and its readers find these reports in any task's result by it, whatever the task is
+# called. This file runs alone on the nodes, so it carries a copy that test_progress_contract holds equal.
 POLL_REPORT = "ddp_node.poll/1"
 LOG_REPORT = "ddp_node.log/1"
 # A node whose status file has not appeared more than this long after the first poll never started. Generous: an

@@ -102,14 +102,14 @@ def test_ctrl_c_on_make_train_stops_every_node_collects_and_marks_it_cancelled()
     assert time.monotonic() - interrupted_at < 60, output[-3000:]
     run_id = output.split("interrupted: stopping run ")[1].split()[0]
     assert json.loads((ARTIFACTS / run_id / "run.json").read_text())["status"] == "cancelled"
-    assert f"{run_id:<36} sigint           cancelled" in cli("jobctl.py", "runs").stdout
+    assert f"{run_id:<36} sigint           cancelled" in cli("runs").stdout
     assert {p.parent.name for p in (ARTIFACTS / run_id / "logs").glob("*/node.log")} == set(NODES)
     for node in NODES:
         assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
 
 
 def test_a_detached_run_is_watched_followed_and_stopped_from_other_commands():
-    started = cli("run_training.py", "--detach", "--extra-vars", LONG_RUN % "detached")
+    started = cli("train", "--detach", "--extra-vars", LONG_RUN % "detached")
     assert started.returncode == 0, started.stdout + started.stderr
     run_id = re.search(r"^run (\S+) is running on every node", started.stdout, re.MULTILINE).group(1)
     assert f"make stop RUN={run_id}" in started.stdout
@@ -117,28 +117,28 @@ def test_a_detached_run_is_watched_followed_and_stopped_from_other_commands():
         assert leftovers(node), f"{node} does not run its part"
 
     deadline = time.monotonic() + 120
-    while "step " not in (status := cli("jobctl.py", "status", "--run", run_id)).stdout:
+    while "step " not in (status := cli("status", "--run", run_id)).stdout:
         assert time.monotonic() < deadline, status.stdout + status.stderr
     assert "job: running" in status.stdout
     for node in NODES:
         assert f"[{node}] running, heartbeat" in status.stdout, status.stdout
 
-    logs = cli("jobctl.py", "logs", "--run", run_id)
+    logs = cli("logs", "--run", run_id)
     for node in NODES:
         assert f"[{node}] " in logs.stdout, logs.stdout[-2000:] + logs.stderr
-    one = cli("jobctl.py", "logs", "--run", run_id, "--node", "train-node1")
+    one = cli("logs", "--run", run_id, "--node", "train-node1")
     assert "[train-node1] " in one.stdout and "[train-node0] " not in one.stdout
 
-    stopped = cli("jobctl.py", "stop", "--run", run_id)
+    stopped = cli("stop", "--run", run_id)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert f"run {run_id}: cancelled" in stopped.stdout
     for node in NODES:
         assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
-    assert f"{run_id:<36} detached         cancelled" in cli("jobctl.py", "runs").stdout
+    assert f"{run_id:<36} detached         cancelled" in cli("runs").stdout
 
 
 def test_doctor_measures_both_directions_and_an_allreduce_across_both_nodes():
-    done = cli("doctor.py")
+    done = cli("doctor")
     assert "doctor.json and report.md:" in done.stdout, done.stdout + done.stderr
     report = json.loads((sorted(ARTIFACTS.glob("doctor-*/doctor.json"))[-1]).read_text())
     assert {(p["client"], p["server"]) for p in report["pairs"]} == {NODES, NODES[::-1]}
@@ -150,7 +150,7 @@ def test_doctor_measures_both_directions_and_an_allreduce_across_both_nodes():
 
 
 def test_doctor_names_a_gloo_interface_a_node_lacks():
-    done = cli("doctor.py", "--extra-vars", '{"train_env": {"GLOO_SOCKET_IFNAME": "eth7", "OMP_NUM_THREADS": "1"}}')
+    done = cli("doctor", "--extra-vars", '{"train_env": {"GLOO_SOCKET_IFNAME": "eth7", "OMP_NUM_THREADS": "1"}}')
     assert done.returncode == 1, done.stdout + done.stderr
     for node in NODES:
         assert f"GLOO_SOCKET_IFNAME=eth7 in train_env on {node}: no such interface" in done.stdout, done.stdout

@@ -1,6 +1,7 @@
 """A run's report: artifacts/<run_id>/report.html, self-contained (plots embedded as PNG), readable offline.
 
-    python ansible/report.py artifacts/<run_id> [--compare artifacts/<other_run_id>]
+    python -m ddp_launcher.report artifacts/<run_id> [--compare artifacts/<other_run_id>]
+    (`ddp report [--run ID] [--compare ID]` finds the directories by run id)
 
 Plots what the run collected: loss and eval curves, samples/s, step and communication time, the share of each
 step spent communicating, and how long each checkpoint stalled training; then the run's status, settings and
@@ -204,8 +205,10 @@ td{{font-family:monospace}}img{{max-width:100%}}</style></head>
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--compare", type=Path, help="another run's artifacts directory, drawn over this one")
     args = parser.parse_args(argv)

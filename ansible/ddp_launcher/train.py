@@ -1,6 +1,6 @@
 """`make train`: runs ansible/playbooks/train.yml through ansible-runner and shows the job, not the play.
 
-    python ansible/run_training.py [--inventory inventory/local] [--resume auto|never]
+    ddp train [--inventory inventory/local] [--resume auto|never]
         [--program path/to/script.py [--args '5 1 --batch_size 32'] [--workdir DIR] [--job NAME]]
         [--extra-vars VARS ...]
 
@@ -27,32 +27,38 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jobctl
+from . import control
+from .contract import POLL_REPORT, task_report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = control.ROOT
 PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
-SUMMARY_TASK = "Summarise the run"
-PACK_TASK = "Pack train_workdir on the controller"
-# The tasks worth a line of their own: the run's stages, in the order they happen.
-MILESTONES = {
-    "Refuse train_* variables that no role declares": "checking the inventory",
-    "Compare the GPU stack versions (and torch's view inside the image with the docker runtime)": (
-        "checking driver, CUDA and NCCL versions agree"
-    ),
-    "Check train_nproc_per_node on each host": "preflight on every node",
-    "Check the rendezvous port is free on the master and reachable from every node": "rendezvous check",
-    "Unpack the working directory into it": "shipping the working directory to shared storage",
-    "Start torchrun on every node": "starting torchrun on every node",
-    "Stop whatever is left of the run on this node": "stopping the run everywhere",
-    "Make the artifacts directory on the controller": "collecting checkpoints, metrics and logs",
+# The run's stages, each a task file of one job: a line when the first task of that file starts. Task titles
+# carry no meaning here (test_progress_contract refuses any in this package).
+STAGES = {
+    "train/tasks/validate.yml": "checking the inventory",
+    "gpu_stack/tasks/check_consistency.yml": "checking driver, CUDA and NCCL versions agree",
+    "train/tasks/preflight.yml": "preflight on every node",
+    "train/tasks/preflight_network.yml": "rendezvous check",
+    "train/tasks/ship.yml": "shipping the working directory to shared storage",
+    "train/tasks/run.yml": "starting torchrun on every node",
+    "train/tasks/stop.yml": "stopping the run everywhere",
+    "train/tasks/collect.yml": "collecting checkpoints, metrics and logs",
 }
+# The module that packs train_workdir on the controller; its result says what was packed.
+PACK_MODULE = "ddp_pack_workdir"
+
+
+def stage_of(task_path: str | None) -> str | None:
+    """The stage a task belongs to, by the role task file it sits in (task_path is 'file:line')."""
+    file = (task_path or "").rpartition(":")[0] or (task_path or "")
+    return next((stage for suffix, stage in STAGES.items() if file.endswith("/roles/" + suffix)), None)
 
 
 def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
     """step n/N (p%), loss, samples/s, elapsed, ETA: from the master's newest metrics line."""
     if not report.get("metrics"):
         return f"  [{host}] {report.get('job', '?')}: waiting for the first step"
-    return f"  [{host}] {jobctl.progress_fields(report['metrics'])}, elapsed {jobctl.duration(elapsed_s)}"
+    return f"  [{host}] {control.progress_fields(report['metrics'])}, elapsed {control.duration(elapsed_s)}"
 
 
 class Printer:
@@ -61,19 +67,21 @@ class Printer:
     def __init__(self) -> None:
         self.run_id: str | None = None
         self.last_progress: dict[str, str] = {}
+        self.stages_seen: set[str] = set()
         self.started = time.monotonic()
 
     def __call__(self, event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
         kind = event.get("event", "")
-        task = data.get("task", "")
         result = data.get("res", {})
-        if kind == "playbook_on_task_start" and task in MILESTONES:
-            print(f"- {MILESTONES[task]}", flush=True)
+        stage = stage_of(data.get("task_path")) if kind == "playbook_on_task_start" else None
+        if stage and stage not in self.stages_seen:
+            self.stages_seen.add(stage)
+            print(f"- {stage}", flush=True)
             self.started = time.monotonic()  # elapsed counts from the latest stage: in the end, the launch
-        elif report := jobctl.node_report(event, jobctl.POLL_REPORT):
+        elif report := task_report(event, POLL_REPORT):
             self._progress(data.get("host", "?"), report, self.last_progress, time.monotonic() - self.started)
-        elif kind == "runner_on_ok" and task == PACK_TASK:
+        elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == PACK_MODULE:
             print(
                 f"  packed {result.get('files')} files, {result.get('bytes', 0) / 1e3:.1f} kB, "
                 f"sha256 {str(result.get('sha256'))[:12]}",
@@ -81,9 +89,6 @@ class Printer:
             )
         elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
             self.run_id = result["ansible_facts"]["train_run_id"]
-        elif kind == "runner_on_ok" and task.startswith(SUMMARY_TASK):
-            for line in result.get("msg", []):
-                print(f"  {line}", flush=True)
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             # A failing command's own words say more than Ansible's "non-zero return code".
             said = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()[-5:]
@@ -104,8 +109,10 @@ class Printer:
                 print(line, flush=True)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--inventory", default="inventory/local", help="inventory directory or file")
     parser.add_argument("--resume", default="auto", help="auto (newest valid checkpoint), never, or a path")
     parser.add_argument("--program", type=Path, help="a script on this machine, shipped with its directory")
@@ -147,8 +154,8 @@ def program_vars(program: Path, args: str, workdir: Path | None, job: str | None
     return shipped | ({"train_program_args": shlex.split(args)} if args else {})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
     extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach}
     if args.program:
         try:
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     elif args.job:
         extravars["train_job_name"] = args.job
-    artifacts = (args.artifacts or jobctl.ARTIFACTS).resolve()
+    artifacts = (args.artifacts or control.ARTIFACTS).resolve()
     if args.artifacts:
         extravars["train_artifacts_dir"] = str(artifacts)
 
@@ -177,12 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupt)
     printer = Printer()
-    run = jobctl.run_playbook(
+    run = control.run_playbook(
         PLAYBOOK,
         str((ROOT / args.inventory).resolve()),
         extravars,
         printer,
-        cmdline=jobctl.extra_vars_cmdline(args.extra_vars) or None,
+        cmdline=control.extra_vars_cmdline(args.extra_vars) or None,
         cancel=interrupted.is_set,
     )
     if printer.run_id:
@@ -200,8 +207,19 @@ def main(argv: list[str] | None = None) -> int:
         for command in ("status", "logs FOLLOW=1", "stop"):
             print(f"  make {command} RUN={printer.run_id}")
         return 0
+    print_summary(printer.run_id, artifacts)
     print(f"training {'finished' if run.rc == 0 else 'FAILED'} (status {run.status}, exit {run.rc})")
     return run.rc
+
+
+def print_summary(run_id: str | None, artifacts: Path) -> None:
+    """The ended run's outcome, from its run.json (a run refused before launch has none)."""
+    try:
+        run = control.find_run(run_id, artifacts) if run_id else None
+    except LookupError:
+        return
+    for line in control.summary_lines(run) if run else []:
+        print(f"  {line}")
 
 
 def cancel(run_id: str | None, artifacts: Path) -> None:
@@ -212,7 +230,7 @@ def cancel(run_id: str | None, artifacts: Path) -> None:
         print("interrupted before any node started the run: nothing to stop")
         return
     print(f"interrupted: stopping run {run_id} on every node")
-    jobctl.stop(jobctl.find_run(run_id, artifacts))
+    control.stop(control.find_run(run_id, artifacts))
 
 
 if __name__ == "__main__":

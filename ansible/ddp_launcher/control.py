@@ -1,10 +1,11 @@
-"""A run under control from any terminal: `make status`, `make logs`, `make stop`, `make runs`.
+"""A run under control from any terminal: `ddp status`, `ddp logs`, `ddp stop`, `ddp runs`, `ddp report`
+(and the make targets of the same names).
 
-    python ansible/jobctl.py status [--run ID]
-    python ansible/jobctl.py logs [--run ID] [--node NAME] [--follow]
-    python ansible/jobctl.py stop [--run ID]
-    python ansible/jobctl.py runs
-    python ansible/jobctl.py report [--run ID] [--compare ID]
+    ddp status [--run ID]
+    ddp logs [--run ID] [--node NAME] [--follow]
+    ddp stop [--run ID]
+    ddp runs
+    ddp report [--run ID] [--compare ID]
 
 A run is found by its artifacts/<run_id>/run.json (written by the train role at launch and at the end), which
 says which inventory, job and nodes it has; --run defaults to the newest run. status, logs and stop run
@@ -27,16 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
-import report as run_report
 
-ROOT = Path(__file__).resolve().parent.parent
+from .contract import LOG_REPORT, POLL_REPORT, RUN_RECORD_VERSION, task_report
+
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 JOB_PLAYBOOK = ROOT / "ansible" / "playbooks" / "job.yml"
-# The reports ansible/roles/train/files/ddp_node.py prints (its POLL_REPORT, LOG_REPORT): found in any task's
-# result by their "kind", so that renaming a task changes nothing here.
-POLL_REPORT = "ddp_node.poll/1"
-LOG_REPORT = "ddp_node.log/1"
-SUMMARY_TASK = "Summarise the run"
 
 
 def run_playbook(
@@ -85,20 +82,6 @@ def extra_vars_cmdline(values: list[str]) -> str:
     return " ".join(options)
 
 
-def node_report(event: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """The ddp_node.py report of that kind in a task result (a retry's too), or None."""
-    if event.get("event") not in ("runner_on_ok", "runner_retry", "runner_on_failed"):
-        return None
-    stdout = (event.get("event_data", {}).get("res") or {}).get("stdout")
-    if not isinstance(stdout, str) or not stdout.startswith('{"kind": '):
-        return None
-    try:
-        report = json.loads(stdout)
-    except json.JSONDecodeError:
-        return None
-    return report if report.get("kind") == kind else None
-
-
 # ------------------------------------------------------------------------------------------------ runs
 
 
@@ -135,11 +118,22 @@ def find_run(run_id: str | None, artifacts: Path = ARTIFACTS) -> Run:
     if run_id is None:
         if not launched:
             raise LookupError(f"no run in {artifacts}: start one with make train")
-        return launched[-1]
+        return readable(launched[-1])
     for run in launched:
         if run.run_id == run_id:
-            return run
+            return readable(run)
     raise LookupError(f"no run {run_id} in {artifacts} (make runs lists them)")
+
+
+def readable(run: Run) -> Run:
+    """The run, unless a newer launcher wrote its run.json in a form this one does not know."""
+    version = run.record.get("version", RUN_RECORD_VERSION)
+    if not isinstance(version, int) or version > RUN_RECORD_VERSION:
+        raise LookupError(
+            f"run {run.run_id} was recorded by a newer launcher (run.json version {version}; this one reads up to "
+            f"{RUN_RECORD_VERSION}): update this checkout"
+        )
+    return run
 
 
 def control_vars(run: Run, action: str) -> dict[str, Any]:
@@ -216,18 +210,37 @@ def progress_fields(metrics: dict[str, Any] | None) -> str:
     return text
 
 
+def summary_lines(run: Run) -> list[str]:
+    """How an ended run went, from its run.json and the program's metrics/summary.json; nothing while it runs."""
+    record = run.record
+    if not record.get("ended"):
+        return []
+    status = record.get("status")
+    lines = [f"run {run.run_id}: " + (f"FAILED on {record.get('failed_node')}" if status == "failed" else str(status))]
+    summary_file = run.directory / "metrics" / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    if isinstance(summary.get("final_loss"), int | float) and isinstance(
+        summary.get("mean_samples_per_s"), int | float
+    ):
+        lines.append(
+            f"steps {summary.get('first_step')}..{summary.get('last_step')}, final loss {summary['final_loss']:.4f}, "
+            f"{summary['mean_samples_per_s']:.0f} samples/s, world size {summary.get('world_size')}"
+        )
+    else:
+        lines.append("no summary.json in the run's DDP_OUTPUT_DIR: the program reports no metrics")
+    lines.append(f"artifacts: {run.directory.resolve()} (verify: cd there && sha256sum -c MANIFEST.sha256)")
+    return lines
+
+
 class StatusPrinter:
     def __init__(self) -> None:
         self.reports: dict[str, dict[str, Any]] = {}
-        self.summary: list[str] = []
 
     def __call__(self, event: dict[str, Any]) -> None:
         data = event.get("event_data", {})
-        report = node_report(event, POLL_REPORT)
+        report = task_report(event, POLL_REPORT)
         if report:
             self.reports[data.get("host", "?")] = report
-        elif event.get("event") == "runner_on_ok" and data.get("task", "").startswith(SUMMARY_TASK):
-            self.summary = data["res"].get("msg", [])
         elif event.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             print(f"  FAILED [{data.get('host')}] {data.get('res', {}).get('msg', '')}", file=sys.stderr)
 
@@ -244,7 +257,7 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
         if "metrics" in report:
             line += f"; {progress_fields(report['metrics'])}"
         print(line)
-    for line in printer.summary:
+    for line in summary_lines(run):
         print(f"  {line}")
 
 
@@ -262,7 +275,7 @@ def stop(run: Run) -> int:
     started = time.monotonic()
     printer = StatusPrinter()
     runner = act(run, "stop", printer, train_stop_requested=True)
-    for line in printer.summary:
+    for line in summary_lines(find_run(run.run_id, run.directory.parent)):
         print(f"  {line}")
     print(f"stopped run {run.run_id} everywhere in {time.monotonic() - started:.1f} s")
     return runner.rc
@@ -274,7 +287,7 @@ def logs(run: Run, node: str | None, follow: bool, interval_s: float = 2.0) -> i
         reads: dict[str, dict[str, Any]] = {}
 
         def on_event(event: dict[str, Any], reads: dict[str, dict[str, Any]] = reads) -> None:
-            report = node_report(event, LOG_REPORT)
+            report = task_report(event, LOG_REPORT)
             if report:
                 reads[event["event_data"]["host"]] = report
 
@@ -294,15 +307,33 @@ def logs(run: Run, node: str | None, follow: bool, interval_s: float = 2.0) -> i
         time.sleep(interval_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["status", "logs", "stop", "runs", "report"])
-    parser.add_argument("--run", help="run id (default: the newest run)")
-    parser.add_argument("--node", help="logs: only this node")
-    parser.add_argument("--follow", action="store_true", help="logs: keep printing until every node's part ended")
-    parser.add_argument("--compare", help="report: another run drawn over this one")
+ACTIONS = {
+    "status": "each node's state, heartbeat age, the master's step, loss, throughput and ETA",
+    "logs": "the nodes' logs, each line prefixed by its node",
+    "stop": "stop a run on every node, then collect it",
+    "runs": "one line per run: id, job, status, steps, final loss, samples/s, duration, code",
+    "report": "rebuild a run's report.html (plots, settings, versions)",
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if not argv or argv[0] not in ACTIONS:
+        raise SystemExit(f"usage: ddp {{{','.join(ACTIONS)}}} [options]")
+    action = argv[0]
+    parser = argparse.ArgumentParser(prog=f"ddp {action}", description=ACTIONS[action])
+    if action != "runs":
+        parser.add_argument("--run", help="run id (default: the newest run; `ddp runs` lists them)")
+    if action == "logs":
+        parser.add_argument("--node", help="only this node")
+        parser.add_argument("--follow", action="store_true", help="keep printing until every node's part ended")
+    if action == "report":
+        parser.add_argument("--compare", help="another run's id, drawn over this one")
     parser.add_argument("--artifacts", type=Path, default=ARTIFACTS, help="where the runs are (train_artifacts_dir)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv[1:], namespace=argparse.Namespace(action=action))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.action == "runs":
         print("\n".join(runs_table(all_runs(args.artifacts))))
         print(f"each run's report: {args.artifacts}/<run_id>/report.html (make report RUN=<run_id> [COMPARE=<id>])")
@@ -318,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         return stop(run)
     if args.action == "report":
         other = ["--compare", str(find_run(args.compare, args.artifacts).directory)] if args.compare else []
-        return run_report.main([str(run.directory), *other])
+        from . import report  # matplotlib is slow to import, and only the report draws
+
+        return report.main([str(run.directory), *other])
     return logs(run, args.node, args.follow)
 
 

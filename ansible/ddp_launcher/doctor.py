@@ -1,6 +1,6 @@
 """`make doctor`: is this cluster fit to train? Measures it and says what is wrong, and why.
 
-    python ansible/doctor.py [--inventory inventory/local] [--artifacts DIR] [--extra-vars VARS ...]
+    ddp doctor [--inventory inventory/local] [--artifacts DIR] [--extra-vars VARS ...]
 
 1. Every training node (ansible/playbooks/doctor.yml): python, torch, NVIDIA driver/CUDA/NCCL packages, the
    interfaces NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name in train_env; TCP bandwidth and latency (iperf3)
@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import jobctl
+from . import control
 
-ROOT = jobctl.ROOT
+ROOT = control.ROOT
 DOCTOR_PLAYBOOK = ROOT / "ansible" / "playbooks" / "doctor.yml"
 TRAIN_PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
 # The 100 MB allreduce limit holds for links of this speed or faster; slower links get a proportionally longer one.
@@ -151,7 +151,7 @@ def allreduce_verdicts(bench: dict[str, Any], link: float | None) -> list[Verdic
 
 def log_verdicts(artifacts: Path) -> list[Verdict]:
     """Known failure patterns in the newest training run's node logs."""
-    runs = [run for run in jobctl.all_runs(artifacts) if run.record and not run.run_id.startswith("doctor-")]
+    runs = [run for run in control.all_runs(artifacts) if run.record and not run.run_id.startswith("doctor-")]
     if not runs:
         return [Verdict("known failures in logs", "INFO", "no training run yet")]
     run = runs[-1]
@@ -193,17 +193,19 @@ def run_allreduce(inventory: str, artifacts: Path, run_id: str, link: float | No
         "train_program_args": args,
         "train_artifacts_dir": str(artifacts),
     }
-    runner = jobctl.run_playbook(TRAIN_PLAYBOOK, inventory, extravars, lambda _: None, cmdline=cmdline)
+    runner = control.run_playbook(TRAIN_PLAYBOOK, inventory, extravars, lambda _: None, cmdline=cmdline)
     result = artifacts / run_id / "metrics" / "allreduce.json"
     if runner.rc != 0 or not result.is_file():
         return {"error": f"the allreduce run {run_id} failed: see {artifacts / run_id}"}
     return json.loads(result.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--inventory", default="inventory/local")
-    parser.add_argument("--artifacts", type=Path, default=jobctl.ARTIFACTS)
+    parser.add_argument("--artifacts", type=Path, default=control.ARTIFACTS)
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
     args = parser.parse_args(argv)
     inventory = str((ROOT / args.inventory).resolve())
@@ -211,11 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     doctor_id = time.strftime("doctor-%Y%m%d-%H%M%S", time.gmtime())
     out = artifacts / doctor_id
     out.mkdir(parents=True, exist_ok=True)
-    cmdline = jobctl.extra_vars_cmdline(args.extra_vars) or None
+    cmdline = control.extra_vars_cmdline(args.extra_vars) or None
 
     print(f"- examining every node and every pair of nodes ({doctor_id})", flush=True)
     extravars = {"train_run_id": doctor_id, "train_artifacts_dir": str(artifacts)}
-    runner = jobctl.run_playbook(DOCTOR_PLAYBOOK, inventory, extravars, lambda _: None, cmdline=cmdline)
+    runner = control.run_playbook(DOCTOR_PLAYBOOK, inventory, extravars, lambda _: None, cmdline=cmdline)
     (out / "doctor-ansible.log").write_text(runner.output)
     if runner.rc != 0 or not (out / "nodes.json").is_file():
         print(f"make doctor: the examination failed; see {out / 'doctor-ansible.log'}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
 
-    python ansible/bench.py [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
+    ddp bench [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
                             [--only p1 p2 p3 p4]
 
 Writes <artifacts>/bench-<time>/bench.json and prints a table:
@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import doctor
-import jobctl
+from . import control, doctor
 
-ROOT = jobctl.ROOT
+ROOT = control.ROOT
 TRAIN_PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
 # cpu-smoke's CNN at this width has 6.7M parameters: with SGD momentum a checkpoint of about 54 MB.
 CHECKPOINT_WIDTH = 300
@@ -50,7 +49,7 @@ FIGURES = {
 def train_run(inventory: str | list[str], artifacts: Path, run_id: str, extravars: dict[str, Any]) -> dict[str, Any]:
     """One train.yml run of the built-in program; its summary.json, or {"error": ...}."""
     base = {"train_run_id": run_id, "train_job_name": run_id, "train_resume": "never"}
-    runner = jobctl.run_playbook(
+    runner = control.run_playbook(
         TRAIN_PLAYBOOK, inventory, base | {"train_artifacts_dir": str(artifacts)} | extravars, lambda _: None
     )
     summary = artifacts / run_id / "metrics" / "summary.json"
@@ -172,10 +171,12 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--inventory", default="inventory/local")
-    parser.add_argument("--artifacts", type=Path, default=jobctl.ARTIFACTS)
+    parser.add_argument("--artifacts", type=Path, default=control.ARTIFACTS)
     parser.add_argument("--site-seconds", type=float, nargs=3, metavar=("CONVERGE", "RERUN", "CHANGED"))
     # The e2e stage records p3 from the site.yml runs it makes anyway, without measuring the rest again.
     parser.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
