@@ -113,7 +113,7 @@ runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, 
 doctor: setup ## Versions, interfaces, TCP per node pair, allreduce sweep, known log failures -> verdicts: [INVENTORY]
 	$(BIN)/ddp doctor --inventory "$(INVENTORY)" $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
 
-bench: setup ## Figures of merit p1-p4 (allreduce/link, scaling, no-op rerun, checkpoint stall) -> bench.json
+bench: setup ## Figures of merit p1-p4, p6 (allreduce/link, scaling, no-op rerun, checkpoint stall, launch) -> bench.json
 	$(BIN)/ddp bench --inventory "$(INVENTORY)"
 
 report: setup ## Rebuild a run's report.html (plots, settings, versions): [RUN=id] [COMPARE=other id]

@@ -1,7 +1,7 @@
 """`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
 
     ddp bench [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
-                            [--only p1 p2 p3 p4]
+                            [--only p1 p2 p3 p4 p6]
 
 Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p1_allreduce_busbw_over_link   allreduce busbw at 64 MiB over the iperf3 bandwidth of the slowest node pair
@@ -14,6 +14,9 @@ Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p4_checkpoint_stall_fraction   time training was blocked by checkpoints over its wall time, at the default
                                  checkpoint cadence, with a checkpoint of at least 50 MB; the staged save (the
                                  default), with the blocking save's figure beside it
+  p6_launch_over_bare_torchrun   `make train`'s wall time for the inventory's default job over the bare torchrun
+                                 command it ran (from run.json), rerun alone on this machine; one-node inventories
+                                 with the host runtime (inventory/local), null elsewhere with the reason
 Every null comes with its reason; the raw numbers behind each ratio, the machine, versions and git commit too.
 """
 
@@ -43,6 +46,7 @@ FIGURES = {
     "p2": "p2_scaling_efficiency",
     "p3": "p3_noop_rerun_over_converge",
     "p4": "p4_checkpoint_stall_fraction",
+    "p6": "p6_launch_over_bare_torchrun",
 }
 
 
@@ -147,6 +151,44 @@ def p4(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
     return {"value": staged.pop("fraction"), **staged, "blocking_save": blocking}
 
 
+def p6(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
+    """`ddp train` (what `make train` runs) of the inventory's default job over the bare torchrun command it ran,
+    taken from its run.json and run again on this machine: same program, arguments and environment."""
+    run_id = f"{stamp}-launch"
+    extravars = {"train_run_id": run_id, "train_job_name": run_id, "train_artifacts_dir": str(artifacts)}
+    launch = [sys.executable, "-m", "ddp_launcher", "train", "--inventory", inventory, "--resume", "never"]
+    started = time.monotonic()
+    launched = subprocess.run(
+        [*launch, "--extra-vars", json.dumps(extravars)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    launch_s = time.monotonic() - started
+    record_file = artifacts / run_id / "run.json"
+    if launched.returncode != 0 or not record_file.is_file():
+        return {"value": None, "reason": f"make train failed: see {artifacts / run_id}"}
+    record = json.loads(record_file.read_text())
+    if len(record["nodes"]) != 1 or record["settings"]["runtime"] != "host":
+        return {
+            "value": None,
+            "reason": "the bare command is rerun on this machine: a one-node inventory with the host runtime "
+            "(inventory/local); the lab's launch overhead is p6_lab_overhead_over_training, from the e2e stage",
+        }
+    # The same command as a run of its own (rendezvous id, output and checkpoint dirs carry the run id).
+    command = [arg.replace(run_id, f"{run_id}-bare") for arg in next(iter(record["nodes"].values()))]
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} | record["settings"]["env"]
+    started = time.monotonic()
+    bare = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    bare_s = time.monotonic() - started
+    if bare.returncode != 0:
+        return {"value": None, "reason": f"the bare torchrun failed: {bare.stderr.strip()[-300:]}"}
+    return {
+        "value": round(launch_s / bare_s, 2),
+        "launch_s": round(launch_s, 1),
+        "bare_torchrun_s": round(bare_s, 1),
+        "overhead_s": round(launch_s - bare_s, 1),
+        "steps": record.get("last_step"),
+    }
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
@@ -197,6 +239,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "p2": lambda: p2(sorted(diagnosis["nodes"]), inventory, artifacts, stamp),
         "p3": lambda: p3(args.site_seconds),
         "p4": lambda: p4(inventory, artifacts, stamp),
+        "p6": lambda: p6(inventory, artifacts, stamp),
     }
     results: dict[str, dict[str, Any]] = {}
     for short, key in FIGURES.items():
