@@ -203,7 +203,7 @@ def progress_fields(metrics: dict[str, Any] | None) -> str:
         text += f", loss {metrics['loss']:.4f}"
     rate = metrics.get("samples_per_s")
     if isinstance(rate, int | float):
-        text += f", {rate:.0f} samples/s"
+        text += f", {rate:.0f} samples/s now"  # the newest step's; the run's summary shows the mean
     step_time = metrics.get("step_time_s")
     if step and target and isinstance(step_time, int | float):
         text += f", ETA {duration((target - step) * step_time)}"
@@ -224,7 +224,7 @@ def summary_lines(run: Run) -> list[str]:
     ):
         lines.append(
             f"steps {summary.get('first_step')}..{summary.get('last_step')}, final loss {summary['final_loss']:.4f}, "
-            f"{summary['mean_samples_per_s']:.0f} samples/s, world size {summary.get('world_size')}"
+            f"mean {summary['mean_samples_per_s']:.0f} samples/s, world size {summary.get('world_size')}"
         )
     else:
         lines.append("no summary.json in the run's DDP_OUTPUT_DIR: the program reports no metrics")
@@ -254,7 +254,9 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
         line = f"  [{node}] {report.get('node_state')}, heartbeat {'-' if age is None else f'{age:.0f} s'} ago"
         if report.get("exit_code") is not None:
             line += f", exit {report['exit_code']}"
-        if "metrics" in report:
+        if report.get("output"):
+            line += f"; last output: {report['output']}"
+        elif "metrics" in report:
             line += f"; {progress_fields(report['metrics'])}"
         print(line)
     for line in summary_lines(run):

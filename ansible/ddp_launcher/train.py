@@ -57,6 +57,9 @@ def stage_of(task_path: str | None) -> str | None:
 def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
     """step n/N (p%), loss, samples/s, elapsed, ETA: from the master's newest metrics line."""
     if not report.get("metrics"):
+        if report.get("output"):
+            # No metrics (a program of the user's that writes none): what it printed last, and for how long.
+            return f"  [{host}] {report['output']}, elapsed {control.duration(elapsed_s)}"
         return f"  [{host}] {report.get('job', '?')}: waiting for the first step"
     return f"  [{host}] {control.progress_fields(report['metrics'])}, elapsed {control.duration(elapsed_s)}"
 
@@ -103,8 +106,8 @@ class Printer:
     def _progress(host: str, report: dict[str, Any], last: dict[str, str], elapsed_s: float) -> None:
         if "metrics" in report:
             line = progress_line(host, report, elapsed_s)
-            # One line per change of step: a poll that saw nothing new says nothing.
-            if line.split(", elapsed")[0] != last.get(host, "").split(", elapsed")[0]:
+            # One line per change of step (or of the output line): a poll that saw nothing new says nothing.
+            if line.rsplit(", elapsed", 1)[0] != last.get(host, "").rsplit(", elapsed", 1)[0]:
                 last[host] = line
                 print(line, flush=True)
 

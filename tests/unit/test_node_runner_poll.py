@@ -109,6 +109,28 @@ def test_the_metrics_are_the_last_complete_line(tmp_path, capsys, monkeypatch):
     assert report["metrics"] is None
 
 
+def test_without_metrics_the_report_carries_the_newest_output_line(tmp_path, capsys, monkeypatch):
+    # A user's program that writes no metrics file still shows it is alive, with what it printed last.
+    (tmp_path / "node").mkdir()
+    log = tmp_path / "node" / "node.log"
+    log.write_bytes(b"epoch 0 batch 10\n" * 400 + b"epoch 3 batch 7 \xff " + b"y" * 300 + b"\n\n  \n")
+    write_status(tmp_path / "shared", "node0", beat=1)
+    absent = str(tmp_path / "metrics.jsonl")
+    _, report = poll(tmp_path, capsys, monkeypatch, "--nodes", "node0", "--metrics", absent)
+    assert report["metrics"] is None
+    assert report["output"] == ("epoch 3 batch 7 \ufffd " + "y" * 300)[:160]
+    # With metrics, the metrics say it; a node that is not the master reports neither.
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2}\n')
+    _, report = poll(tmp_path, capsys, monkeypatch, "--nodes", "node0", "--metrics", absent)
+    assert "output" not in report
+    _, report = poll(tmp_path, capsys, monkeypatch, "--nodes", "node0")
+    assert "output" not in report and "metrics" not in report
+    log.unlink()  # not started yet
+    (tmp_path / "metrics.jsonl").unlink()
+    _, report = poll(tmp_path, capsys, monkeypatch, "--nodes", "node0", "--metrics", absent)
+    assert report["output"] is None
+
+
 def test_the_metrics_come_from_the_last_8_kib_of_the_file(tmp_path, capsys, monkeypatch):
     # The metrics file grows for the whole run; each poll reads only its end.
     tail = 8192

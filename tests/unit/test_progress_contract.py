@@ -4,6 +4,7 @@ printed them is called; run.json carries the record version the launcher reads."
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -68,8 +69,21 @@ def test_make_train_prints_progress_from_a_poll_whatever_its_task_is_called(tmp_
         event = {"event": kind, "event_data": {"task": "any name at all", "host": "node0", "res": {"stdout": stdout}}}
         printer(event)
     printed = capsys.readouterr().out
-    assert "[node0] step 30/120 (25%), loss 0.5000, 900 samples/s" in printed
+    assert "[node0] step 30/120 (25%), loss 0.5000, 900 samples/s now" in printed
     assert printed.count("step 30/120") == 1  # the second poll saw nothing new: no second line
+
+
+def test_a_program_without_metrics_shows_its_newest_output_line_while_it_changes(capsys):
+    printer = run_training.Printer()
+    for output in ("epoch 1 loss 0.9", "epoch 1 loss 0.9", "epoch 2, elapsed 5 loss 0.7"):
+        report = {"kind": contract.POLL_REPORT, "job": "running", "metrics": None, "output": output}
+        printer({"event": "runner_retry", "event_data": {"host": "n0", "res": {"stdout": json.dumps(report)}}})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(", elapsed ", 1)[0] for line in lines] == [
+        "  [n0] epoch 1 loss 0.9",
+        "  [n0] epoch 2, elapsed 5 loss 0.7",
+    ]
+    assert all(re.search(r", elapsed \d+m\d\ds$", line) for line in lines), lines
 
 
 def test_make_status_reads_the_same_report():

@@ -262,8 +262,23 @@ def poll(args: argparse.Namespace) -> int:
     }
     if args.metrics:
         report["metrics"] = _last_line(args.metrics)
+        if report["metrics"] is None:
+            # A program that writes no metrics still shows it is alive: its newest line of output.
+            report["output"] = _last_output_line(args.node_dir / "node.log")
     print(json.dumps(report))
     return 0 if report["job"] == "running" else 1
+
+
+def _last_output_line(log: Path, max_chars: int = 160) -> str | None:
+    """The newest non-empty line the job printed (its tail only: logs grow without bound)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except FileNotFoundError:
+        return None
+    return lines[-1][:max_chars] if lines else None
 
 
 def _heartbeat_age(status: Path, now: float) -> float | None:
