@@ -92,6 +92,26 @@ def slowest_node(run: RunData) -> str | None:
     return f"{slow}: {means[slow]:.4f} s per step against {means[fast]:.4f} s on {fast}"
 
 
+# TensorBoard's default smoothing weight: noisy series are drawn raw (faint) with this smoothed line over them.
+SMOOTHING = 0.6
+
+
+def smoothed(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average, debiased so that the first points are not pulled
+    towards zero."""
+    out, average = [], 0.0
+    for count, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**count))
+    return out
+
+
+def _noisy(axes: plt.Axes, x: list[float], y: list[float], label: str) -> None:
+    """Raw points faint, the smoothed line solid, in one colour."""
+    (raw,) = axes.plot(x, y, alpha=0.3, linewidth=0.8)
+    axes.plot(x, smoothed(y), color=raw.get_color(), label=f"{label} (smoothed {SMOOTHING})")
+
+
 def _png(figure: plt.Figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
@@ -101,27 +121,32 @@ def _png(figure: plt.Figure) -> str:
 
 def plots(runs: list[RunData]) -> dict[str, str]:
     """Title -> base64 PNG, for each plot the runs have data for (the first run drawn first, others over it)."""
+    # title: ([(metric, label)], noisy: drawn smoothed, y scale)
     panels = {
-        "Loss": [("loss", "train"), ("eval_loss", "eval")],
-        "Throughput (samples/s)": [("samples_per_s", "samples/s")],
-        "Step time and communication time (s)": [("step_time_s", "step"), ("comm_time_s", "communication")],
+        "Loss": ([("loss", "train"), ("eval_loss", "eval")], False, "linear"),
+        "Loss, log scale": ([("loss", "train"), ("eval_loss", "eval")], False, "log"),
+        "Throughput (samples/s)": ([("samples_per_s", "samples/s")], True, "linear"),
+        "Step time and communication time (s)": (
+            [("step_time_s", "step"), ("comm_time_s", "communication")],
+            True,
+            "linear",
+        ),
     }
     out = {}
-    for title, keys in panels.items():
+    for title, (keys, noisy, scale) in panels.items():
+        series = [(run, label, *_series(run, key)) for run in runs for key, label in keys]
+        series = [(run, label, x, y) for run, label, x, y in series if x]
+        if not series or (scale == "log" and any(v <= 0 for *_, y in series for v in y)):
+            continue
         figure, axes = plt.subplots(figsize=(7, 3.2))
-        drawn = False
-        for run in runs:
-            for key, label in keys:
-                x, y = _series(run, key)
-                if x:
-                    axes.plot(x, y, marker="." if len(x) < 50 else None, label=f"{run.name}: {label}")
-                    drawn = True
-        if drawn:
-            axes.set(title=title, xlabel="step")
-            axes.legend(fontsize=7)
-            out[title] = _png(figure)
-        else:
-            plt.close(figure)
+        for run, label, x, y in series:
+            if noisy:
+                _noisy(axes, x, y, f"{run.name}: {label}")
+            else:
+                axes.plot(x, y, marker="." if len(x) < 50 else None, label=f"{run.name}: {label}")
+        axes.set(title=title, xlabel="step", yscale=scale)
+        axes.legend(fontsize=7)
+        out[title] = _png(figure)
     node_lines = [(run, node, steps, times) for run in runs for node, (steps, times) in per_node(run).items()]
     if node_lines:
         figure, axes = plt.subplots(figsize=(7, 3.2))
@@ -130,11 +155,18 @@ def plots(runs: list[RunData]) -> dict[str, str]:
         axes.set(title="Step time per node, its slowest rank (s)", xlabel="step")
         axes.legend(fontsize=7)
         out["Step time per node"] = _png(figure)
+        # A straggler at a glance: one bar per node, the node's name on the axis.
+        figure, axes = plt.subplots(figsize=(7, 3.2))
+        names = [f"{node}" if len(runs) == 1 else f"{run.name}\n{node}" for run, node, _, _ in node_lines]
+        axes.bar(names, [sum(times) / len(times) for *_, times in node_lines])
+        axes.set(title="Mean step time by node, its slowest rank (s)", xlabel="node")
+        out["Mean step time by node"] = _png(figure)
     share = [(run, *comm_share(run)) for run in runs]
     if any(x for _, x, _ in share):
         figure, axes = plt.subplots(figsize=(7, 3.2))
         for run, x, y in share:
-            axes.plot(x, [100 * v for v in y], label=run.name)
+            if x:
+                _noisy(axes, x, [100 * v for v in y], run.name)
         axes.set(title="Communication share of each step (%)", xlabel="step", ylim=(0, 100))
         axes.legend(fontsize=7)
         out["Communication share"] = _png(figure)

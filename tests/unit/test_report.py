@@ -8,14 +8,15 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 from ddp_launcher import report
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 
 MATPLOTLIB_BLUE = (31, 119, 180)  # the first line colour of every plot
-PLOTS = {"Loss", "Throughput (samples/s)", "Step time and communication time (s)", "Communication share",
-         "Checkpoint stalls", "Step time per node"}  # fmt: skip
+PLOTS = {"Loss", "Loss, log scale", "Throughput (samples/s)", "Step time and communication time (s)",
+         "Communication share", "Checkpoint stalls", "Step time per node", "Mean step time by node"}  # fmt: skip
 
 
 def fake_run(directory: Path, steps: int = 30) -> Path:
@@ -66,6 +67,52 @@ def test_compare_draws_the_other_run_too_and_a_run_without_metrics_says_so(tmp_p
     bare.mkdir()
     report.main([str(bare)])
     assert "wrote no metrics" in (bare / "report.html").read_text()
+
+
+def test_smoothing_is_tensorboards_debiased_moving_average():
+    # weight 0.5 over 1, 0, 1, 0: the averages 0.5, 0.25, 0.625, 0.3125 divided by 1 - 0.5**n.
+    expected = [1.0, 0.25 / 0.75, 0.625 / 0.875, 0.3125 / 0.9375]
+    assert report.smoothed([1.0, 0.0, 1.0, 0.0], weight=0.5) == pytest.approx(expected)
+    assert report.smoothed([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards zero at the start
+    assert report.smoothed([]) == []
+
+
+def test_noisy_series_are_drawn_raw_and_smoothed_in_one_colour():
+    figure, axes = report.plt.subplots()
+    report._noisy(axes, [1, 2, 3], [10.0, 0.0, 10.0], "run: samples/s")
+    raw, line = axes.get_lines()
+    assert list(raw.get_ydata()) == [10.0, 0.0, 10.0] and raw.get_alpha() < 0.5
+    assert list(line.get_ydata()) == report.smoothed([10.0, 0.0, 10.0]) and line.get_color() == raw.get_color()
+    assert line.get_label() == "run: samples/s (smoothed 0.6)"
+    report.plt.close(figure)
+
+
+def test_the_log_scale_loss_is_left_out_when_a_loss_is_not_positive(tmp_path):
+    run = fake_run(tmp_path / "run-a")
+    metrics = run / "metrics" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + json.dumps({"step": 31, "loss": 0.0}) + "\n")
+    report.main([str(run)])
+    assert set(images((run / "report.html").read_text())) == PLOTS - {"Loss, log scale"}
+
+
+def test_the_node_axis_names_the_nodes(monkeypatch):
+    run = report.RunData("r", steps=[{"step": 1, "node_step_time_s": {"gpu-a": 0.1, "gpu-b": 0.3}}])
+    calls = []
+    original = report.plt.subplots
+
+    def capture(*args, **kwargs):
+        made = original(*args, **kwargs)
+        calls.append(made[1])
+        return made
+
+    monkeypatch.setattr(report.plt, "subplots", capture)
+    monkeypatch.setattr(report.plt, "close", lambda *_: None)  # the axes are read after the PNGs are made
+    report.plots([run])
+    bars = next(axes for axes in calls if axes.get_title().startswith("Mean step time by node"))
+    assert [tick.get_text() for tick in bars.get_xticklabels()] == ["gpu-a", "gpu-b"]
+    assert [bar.get_height() for bar in bars.patches] == [0.1, 0.3]
+    monkeypatch.undo()
+    report.plt.close("all")
 
 
 def test_a_browser_shows_the_plots(tmp_path):
