@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _modules import load
-from ddp_launcher import contract
-from ddp_launcher import control as jobctl
-from ddp_launcher import train as run_training
+from ddp_launcher import contract, control, train
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +40,7 @@ def test_a_run_recorded_by_a_newer_launcher_is_refused_by_name(tmp_path):
     run_dir.mkdir()
     (run_dir / "run.json").write_text(json.dumps({"version": contract.RUN_RECORD_VERSION + 1, "job": "job"}))
     with pytest.raises(LookupError, match=f"run.json version {contract.RUN_RECORD_VERSION + 1};"):
-        jobctl.find_run("job-1", tmp_path)
+        control.find_run("job-1", tmp_path)
 
 
 def real_poll_report(tmp_path: Path) -> str:
@@ -64,7 +62,7 @@ def real_poll_report(tmp_path: Path) -> str:
 
 def test_make_train_prints_progress_from_a_poll_whatever_its_task_is_called(tmp_path, capsys):
     stdout = real_poll_report(tmp_path)
-    printer = run_training.Printer()
+    printer = train.Printer()
     for kind in ("runner_retry", "runner_on_ok"):
         event = {"event": kind, "event_data": {"task": "any name at all", "host": "node0", "res": {"stdout": stdout}}}
         printer(event)
@@ -74,7 +72,7 @@ def test_make_train_prints_progress_from_a_poll_whatever_its_task_is_called(tmp_
 
 
 def test_a_program_without_metrics_shows_its_newest_output_line_while_it_changes(capsys):
-    printer = run_training.Printer()
+    printer = train.Printer()
     for output in ("epoch 1 loss 0.9", "epoch 1 loss 0.9", "epoch 2, elapsed 5 loss 0.7"):
         report = {"kind": contract.POLL_REPORT, "job": "running", "metrics": None, "output": output}
         printer({"event": "runner_retry", "event_data": {"host": "n0", "res": {"stdout": json.dumps(report)}}})
@@ -98,7 +96,7 @@ def test_make_train_learns_the_run_id_from_the_fact_the_train_role_sets():
     # read"); every other name the role sets is internal (__train_*) and may change.
     preflight = yaml.safe_load((ROOT / "ansible/roles/train/tasks/preflight.yml").read_text())
     assert any("train_run_id" in (task.get("ansible.builtin.set_fact") or {}) for task in preflight)
-    printer = run_training.Printer()
+    printer = train.Printer()
     printer({"event": "runner_on_ok", "event_data": {"task": "any", "res": {"ansible_facts": {"train_run_id": "r1"}}}})
     assert printer.run_id == "r1"
 
