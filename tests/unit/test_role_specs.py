@@ -163,8 +163,6 @@ def test_readme_variable_table_is_current(role):
     )
 
 
-# Roles whose registered results and set_facts follow the naming; the others join as they are converted.
-INTERNAL_NAMES_DONE = ("gpu_stack", "train")
 RESULTS_HEADING = "## Results other plays read"
 
 
@@ -196,7 +194,7 @@ def readme_results(role: str) -> set[str]:
     return {name for name in re.findall(r"`([a-z0-9_]+)`", section) if name.startswith(f"{role}_")}
 
 
-@pytest.mark.parametrize("role", INTERNAL_NAMES_DONE)
+@pytest.mark.parametrize("role", ROLES)
 def test_registered_and_set_names_are_internal_unless_the_readme_makes_them_public(role):
     names = role_set_names(role)
     public = {name for name in names if not name.startswith(f"__{role}_")}
