@@ -294,3 +294,31 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# --- dependencies ------------------------------------------------------------------------------------------
+
+SHARED_FILTERS = ROOT / "ansible" / "plugins" / "filter" / "ddp_validators.py"
+
+
+def shared_plugins_used(role: str) -> set[str]:
+    """The project's shared filters and modules (outside the role) that the role's tasks, templates and vars use."""
+    shared = set(re.findall(r'"(ddp_[a-z_]+)":', SHARED_FILTERS.read_text()))
+    shared |= {path.stem for path in (ROOT / "ansible" / "plugins" / "modules").glob("ddp_*.py")}
+    text = " ".join(
+        path.read_text() for sub in ("tasks", "templates", "vars") for path in (ROLES_DIR / role).glob(f"{sub}/*")
+    )
+    return {name for name in shared if re.search(rf"\b{name}\b", text)}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_readme_declares_every_shared_plugin_the_role_uses(role):
+    readme = (ROLES_DIR / role / "README.md").read_text(encoding="utf-8")
+    dependencies = readme.partition("## Dependencies")[2].split("\n## ")[0]
+    undeclared = sorted(name for name in shared_plugins_used(role) if f"`{name}`" not in dependencies and
+                        f"{name}.py" not in dependencies)  # fmt: skip
+    assert not undeclared, f"{role} uses {undeclared} from ansible/plugins/ without its README saying so"
+
+
+def test_the_dependency_scan_sees_the_shared_plugins():
+    assert {"ddp_gpus", "ddp_versions_problems"} <= shared_plugins_used("gpu_stack")
