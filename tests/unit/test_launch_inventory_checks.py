@@ -40,7 +40,7 @@ CASES = {
     "nproc_per_node 0": (
         GOOD_GROUPS,
         {"train_nproc_per_node": 0},
-        "train_nproc_per_node=0 on host localhost",
+        "train_nproc_per_node=0 on localhost: must be 'auto' or a positive integer",
     ),
     "rendezvous port out of range": (GOOD_GROUPS, {"rendezvous_port": 70000}, "rendezvous_port=70000"),
     "unknown runtime": (GOOD_GROUPS, {"train_runtime": "kubernetes"}, "train_runtime"),

@@ -98,11 +98,11 @@ CASES = {
     ),
     "nproc_per_node above the inventory's gpu_count": (
         {"hosts": {"node1": {"gpu_count": 4, "train_nproc_per_node": 8}}},
-        ["train_nproc_per_node=8 on node1: must be 'auto' or a positive integer, at most its gpu_count=4"],
+        ["train_nproc_per_node=8 on node1 is more than its 4 GPU(s) (gpu_count)"],
     ),
     "nproc_per_node above the node's GPUs": (
         {"hosts": {"node1": {"train_nproc_per_node": 2, "preflight_device_dir": "{{ inventory_dir }}/dev"}}},
-        ["train_nproc_per_node=2 on node1 is more than its 1 GPU(s)"],
+        ["train_nproc_per_node=2 on node1 is more than its 1 GPU(s) (device nodes)"],
     ),
     "a node short of its inventory's gpu_count": (
         {"hosts": {"node1": {"gpu_count": 2, "preflight_pci_devices_dir": "{{ inventory_dir }}/pci"}}},

@@ -437,3 +437,24 @@ NO_HOST = [
 def test_without_a_host_the_sentence_names_none(validator, args, start):
     (problem,) = validator(*args)
     assert problem.startswith(start)
+
+
+@pytest.mark.parametrize(
+    ("value", "gpus", "source", "problem"),
+    [
+        ("auto", 4, "gpu_count", None),
+        (None, None, "gpu_count", None),
+        (4, 4, "gpu_count", None),
+        ("2", None, "gpu_count", None),
+        (8, 0, "device nodes", None),  # no GPUs: its processes run on the CPUs, no bound
+        (8, 4, "gpu_count", "train_nproc_per_node=8 on n1 is more than its 4 GPU(s) (gpu_count)"),
+        (3, "2", "device nodes", "train_nproc_per_node=3 on n1 is more than its 2 GPU(s) (device nodes)"),
+        (0, 4, "gpu_count", "train_nproc_per_node=0 on n1: must be 'auto' or a positive integer"),
+        ("04", None, "gpu_count", "train_nproc_per_node=04 on n1: must be 'auto' or a positive integer"),
+        ("2\n", None, "gpu_count", "train_nproc_per_node=2\n on n1: must be 'auto' or a positive integer"),
+        ("all", 4, "gpu_count", "train_nproc_per_node=all on n1: must be 'auto' or a positive integer"),
+    ],
+)
+def test_nproc(value, gpus, source, problem):
+    assert v.nproc_problems(value, gpus, "n1", source) == ([problem] if problem else [])
+    assert v.nproc_problems(value, gpus, "", source) == ([problem.replace(" on n1", "")] if problem else [])

@@ -68,6 +68,8 @@ _NFS_OPTION = re.compile(r"[a-z_0-9]+(=[A-Za-z0-9:._/@-]+)?")
 _VERSION = re.compile(r"([0-9]+:)?[0-9][0-9A-Za-z.+~-]*")
 # With a revision: an upstream part with a dot, then "-revision" ("535.216.03-2~bpo12+1", "2.22.3-1-1").
 _VERSION_WITH_REVISION = re.compile(r"([0-9]+:)?[0-9][0-9A-Za-z.+~-]*\.[0-9A-Za-z.+~-]*-[0-9A-Za-z.+~]+")
+# A count of processes: a positive integer, as the inventory writes it.
+_COUNT = re.compile(r"[1-9][0-9]*")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace.
 _INTERFACE = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
@@ -295,6 +297,21 @@ def versions_problems(
     return [problem for name, value in pairs for problem in version_problems(value, str(name), host, revision=revision)]
 
 
+def nproc_problems(value: object, gpus: object = None, host: str = "", gpus_source: str = "gpu_count") -> list[str]:
+    """train_nproc_per_node: 'auto' (one process per GPU) or a positive integer, and no more than the node's GPUs
+    where it has any (gpus: the inventory's gpu_count, or the device nodes found on the node; None or 0 for a
+    node without GPUs, whose processes run on its CPUs)."""
+    text = "auto" if value is None else str(value)
+    if text == "auto":
+        return []
+    if not _COUNT.fullmatch(text):
+        return [f"train_nproc_per_node={text}{_on(host)}: must be 'auto' or a positive integer"]
+    limit = int(gpus) if _COUNT.fullmatch(str(gpus)) else 0
+    if limit and int(text) > limit:
+        return [f"train_nproc_per_node={text}{_on(host)} is more than its {limit} GPU(s) ({gpus_source})"]
+    return []
+
+
 def safe_name_problems(value: object, name: str, host: str = "") -> list[str]:
     """value names one directory or file: letters, digits, '.', '_', '-', starting with a letter or digit
     (so never '', '.', '..', or anything with '/')."""
@@ -415,6 +432,7 @@ class FilterModule:
             "ddp_version_problems": version_problems,
             "ddp_versions_problems": versions_problems,
             "ddp_safe_name_problems": safe_name_problems,
+            "ddp_nproc_problems": nproc_problems,
             "ddp_path_problems": path_problems,
             "ddp_shared_dir_problems": shared_dir_problems,
             "ddp_nfs_option_problems": nfs_option_problems,
