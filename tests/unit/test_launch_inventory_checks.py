@@ -42,6 +42,8 @@ CASES = {
         {"train_nproc_per_node": 0},
         "train_nproc_per_node=0 on localhost: must be 'auto' or a positive integer",
     ),
+    "a job name that is no plain name": (GOOD_GROUPS, {"train_job_name": "../x"}, "train_job_name=../x: not a plain"),
+    "a run id with a trailing newline": (GOOD_GROUPS, {"train_run_id": "r1\n"}, "train_run_id=r1\n: not a plain"),
     "rendezvous port out of range": (GOOD_GROUPS, {"rendezvous_port": 70000}, "rendezvous_port=70000"),
     "unknown runtime": (GOOD_GROUPS, {"train_runtime": "kubernetes"}, "train_runtime"),
     "rendezvous port is the SSH port": (GOOD_GROUPS, {"rendezvous_port": 22}, "rendezvous_port=22 clashes with ssh"),

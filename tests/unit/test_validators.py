@@ -249,10 +249,17 @@ def test_a_revision_is_only_required_when_asked_for():
         ("-x", False),
         ("a b", False),
         (None, False),
+        (".hidden", False),
+        ("job\n", False),  # matched in full: a trailing newline is no part of a name
+        ("x" * 100, True),
+        ("x" * 101, False),
+        ("local-smoke-20261204-221410", True),
     ],
 )
 def test_safe_name(value, ok):
-    reason = "not a plain name (letters, digits, . _ -, starting with a letter or digit, no '..')"
+    reason = (
+        "not a plain name (letters, digits, . _ -, starting with a letter or digit, no '..', at most 100 characters)"
+    )
     expected = [] if ok else [f"train_job_name={value or ''} on n: {reason}"]
     assert v.safe_name_problems(value, "train_job_name", "n") == expected
 
@@ -373,6 +380,7 @@ def test_cluster_addresses_and_duplicates():
 STORAGE = [
     (["n0"], ["n1"], ["n0", "n1"], None),
     ([], [], ["n0"], None),  # one machine needs no NFS
+    ([], ["n0"], ["n0"], "group nfs_server holds 0 host(s) (none): the cluster (n0)"),  # but clients need a server
     ([], [], ["n0", "n1"], "group nfs_server holds 0 host(s) (none): the cluster (n0, n1)"),
     (["n0", "n1"], [], ["n0", "n1"], "group nfs_server holds 2 host(s) (n0, n1)"),
     (["n0"], ["n0", "n1"], ["n0", "n1"], "n0 is in both group nfs_server and group nfs_clients"),

@@ -71,6 +71,9 @@ _VERSION_WITH_REVISION = re.compile(r"([0-9]+:)?[0-9][0-9A-Za-z.+~-]*\.[0-9A-Za-
 # A count of processes: a positive integer, as the inventory writes it.
 _COUNT = re.compile(r"[1-9][0-9]*")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# A plain name becomes a directory name with more after it (a run id is the job name and a time); well under
+# NAME_MAX (255).
+SAFE_NAME_MAX = 100
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace.
 _INTERFACE = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
 
@@ -313,13 +316,14 @@ def nproc_problems(value: object, gpus: object = None, host: str = "", gpus_sour
 
 
 def safe_name_problems(value: object, name: str, host: str = "") -> list[str]:
-    """value names one directory or file: letters, digits, '.', '_', '-', starting with a letter or digit
-    (so never '', '.', '..', or anything with '/')."""
+    """value names one directory or file: letters, digits, '.', '_', '-', starting with a letter or digit, at most
+    SAFE_NAME_MAX characters (so never '', '.', '..', anything with '/', or a trailing newline)."""
     text = "" if value is None else str(value)
-    if _SAFE_NAME.fullmatch(text) and ".." not in text:
+    if _SAFE_NAME.fullmatch(text) and ".." not in text and len(text) <= SAFE_NAME_MAX:
         return []
     return [
-        f"{name}={text}{_on(host)}: not a plain name (letters, digits, . _ -, starting with a letter or digit, no '..')"
+        f"{name}={text}{_on(host)}: not a plain name (letters, digits, . _ -, starting with a letter or digit, "
+        f"no '..', at most {SAFE_NAME_MAX} characters)"
     ]
 
 
@@ -389,8 +393,8 @@ def duplicate_address_problems(addresses: Mapping[str, object], name: str = "clu
 
 
 def storage_group_problems(groups: Mapping[str, Sequence[str]], shared_dir: object = "") -> list[str]:
-    """groups: the inventory's groups. Exactly one NFS server (none only for a one-node cluster), and it must
-    not be its own client."""
+    """groups: the inventory's groups. Exactly one NFS server (none only for a one-node cluster without NFS
+    clients), and it must not be its own client. The preflight and the storage stage both check this."""
     servers, clients = list(groups.get("nfs_server", [])), list(groups.get("nfs_clients", []))
     cluster = list(groups.get("cluster", []))
     both = [host for host in servers if host in clients]
@@ -399,7 +403,7 @@ def storage_group_problems(groups: Mapping[str, Sequence[str]], shared_dir: obje
             f"{', '.join(both)} is in both group nfs_server and group nfs_clients: "
             "the NFS server must not mount itself."
         ]
-    if len(servers) == 1 or (not servers and len(cluster) <= 1):
+    if len(servers) == 1 or (not servers and not clients and len(cluster) <= 1):
         return []
     return [
         f"group nfs_server holds {len(servers)} host(s) ({', '.join(servers) or 'none'}): the cluster "

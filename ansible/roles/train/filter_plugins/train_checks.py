@@ -7,9 +7,6 @@ import json
 import re
 from collections.abc import Iterable
 
-# A job name or run id becomes a directory name on shared storage and on the controller.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
 
 def unknown_variables(given: Iterable[str], known: Iterable[str], prefix: str = "train_") -> list[str]:
     """One message per name in `given` with the prefix that no role declares, naming the closest known one."""
@@ -28,12 +25,6 @@ def unknown_variables(given: Iterable[str], known: Iterable[str], prefix: str = 
 def spec_options(argument_specs: dict, entry_point: str = "main") -> list[str]:
     """The option names one entry point of a role's meta/argument_specs.yml declares."""
     return sorted(argument_specs["argument_specs"][entry_point].get("options", {}))
-
-
-def unsafe_name(value: object) -> bool:
-    """True when value cannot be used as a single directory name (empty, '/', '..', spaces, ...)."""
-    text = str(value)
-    return not SAFE_NAME.match(text) or ".." in text
 
 
 # Lines that say what went wrong first, in the order torchrun's ranks print them; torchrun's own summary of a
@@ -110,7 +101,6 @@ class FilterModule:
         return {
             "train_unknown_variables": unknown_variables,
             "train_spec_options": spec_options,
-            "train_unsafe_name": unsafe_name,
             "train_first_error_line": first_error_line,
             "train_outcome": outcome,
             "train_node_pairs": node_pairs,
