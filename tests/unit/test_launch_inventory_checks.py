@@ -44,9 +44,13 @@ CASES = {
     ),
     "a job name that is no plain name": (GOOD_GROUPS, {"train_job_name": "../x"}, "train_job_name=../x: not a plain"),
     "a run id with a trailing newline": (GOOD_GROUPS, {"train_run_id": "r1\n"}, "train_run_id=r1\n: not a plain"),
-    "rendezvous port out of range": (GOOD_GROUPS, {"rendezvous_port": 70000}, "rendezvous_port=70000"),
+    "rendezvous port out of range": (GOOD_GROUPS, {"rendezvous_port": 70000}, "rendezvous_port=70000: not a port"),
     "unknown runtime": (GOOD_GROUPS, {"train_runtime": "kubernetes"}, "train_runtime"),
-    "rendezvous port is the SSH port": (GOOD_GROUPS, {"rendezvous_port": 22}, "rendezvous_port=22 clashes with ssh"),
+    "rendezvous port is the SSH port": (
+        GOOD_GROUPS,
+        {"rendezvous_port": 22},
+        "rendezvous_port=22 is also firewall_ssh_port=22: it needs a port of its own",
+    ),
     "rendezvous port inside the pinned ephemeral range": (
         GOOD_GROUPS,
         {
@@ -55,7 +59,7 @@ CASES = {
             "firewall_data_port_range_start": 50000,
             "firewall_data_port_range_end": 51999,
         },
-        "clashes with the ephemeral port range 50000-51999",
+        "rendezvous_port=50500 is also inside firewall_data_port_range_start-end (50000-51999)",
     ),
     "NCCL_SOCKET_IFNAME names an interface the node lacks": (
         GOOD_GROUPS,
