@@ -35,14 +35,14 @@ def test_doctor_on_this_machine_measures_the_loopback_pair_and_an_allreduce_swee
     # Only a FAIL fails the command; a WARN (a slow link on a loaded machine, say) is advice.
     failed = sum(v["verdict"] == "FAIL" for v in report["verdicts"])
     warned = sum(v["verdict"] == "WARN" for v in report["verdicts"])
-    assert done.returncode == (1 if failed else 0), done.stdout
+    assert (done.returncode != 0) == bool(failed), done.stdout  # make exits 2 when the command exits 1
     assert f"{failed} FAIL, {warned} WARN: {'not fit' if failed else 'fit'} to train" in done.stdout
 
 
 @pytest.mark.slow
 def test_doctor_names_a_gloo_interface_the_node_lacks():
     done = make("doctor", 'EXTRA_VARS={"train_env": {"GLOO_SOCKET_IFNAME": "eth9", "OMP_NUM_THREADS": "1"}}')
-    assert done.returncode == 1
+    assert done.returncode != 0
     assert "FAIL  interfaces on localhost" in done.stdout
     assert "GLOO_SOCKET_IFNAME=eth9 in train_env on localhost: no such interface" in done.stdout
     assert "not run: fix the interfaces named above first" in done.stdout

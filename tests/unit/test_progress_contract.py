@@ -23,10 +23,21 @@ RUNNER = ROOT / "ansible/roles/train/files/ddp_node.py"
 def test_every_reader_knows_the_kinds_the_runner_prints():
     ddp_node = load("ddp_node", RUNNER)
     assert (contract.POLL_REPORT, contract.LOG_REPORT) == (ddp_node.POLL_REPORT, ddp_node.LOG_REPORT)
-    callback = load("ddp_default", ROOT / "ansible/plugins/callback/ddp_default.py")
+    # The callback in a process of its own: importing Ansible's plugins patches sys.intern, which breaks
+    # torch.compile in every later test of this process.
     report = {"kind": ddp_node.POLL_REPORT, "metrics": {"step": 1}}
-    assert callback.poll_report({"stdout": json.dumps(report)}) == report
-    assert callback.poll_report({"stdout": json.dumps(report | {"kind": ddp_node.LOG_REPORT})}) is None
+    probe = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import ddp_default; r = json.loads(sys.argv[2]); "
+        "print(json.dumps([ddp_default.poll_report({'stdout': json.dumps(r)}), "
+        "ddp_default.poll_report({'stdout': json.dumps(r | {'kind': sys.argv[3]})})]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(ROOT / "ansible/plugins/callback"), json.dumps(report), ddp_node.LOG_REPORT],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout) == [report, None]
 
 
 def test_the_role_records_the_version_the_launcher_reads():
