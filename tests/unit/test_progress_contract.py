@@ -7,12 +7,12 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from _modules import load
+from _yaml_tasks import tasks_in
 from ddp_launcher import contract, control, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,17 +114,6 @@ def test_make_train_learns_the_run_id_from_the_fact_the_train_role_sets():
 
 def task_titles() -> set[str]:
     """Every task title in the roles and playbooks (the literal part before any Jinja)."""
-    nested = ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers")
-
-    def tasks_in(node: object) -> Iterator[dict]:
-        if isinstance(node, list):
-            for item in node:
-                yield from tasks_in(item)
-        elif isinstance(node, dict):
-            yield node
-            for key in nested:
-                yield from tasks_in(node.get(key))
-
     titles = set()
     for path in [*ROOT.glob("ansible/**/*.yml"), *ROOT.glob("molecule/**/*.yml"), ROOT / "site.yml"]:
         for task in tasks_in(yaml.safe_load(path.read_text())):

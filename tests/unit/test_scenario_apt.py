@@ -8,29 +8,18 @@ through cache_valid_time, passes only where such state happens to exist: CI on a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from _yaml_tasks import tasks_in
 
 ROOT = Path(__file__).resolve().parents[2]
 APT_MODULES = ("ansible.builtin.apt", "apt")
-NESTED = ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers")
 
 
 def scenario_playbooks() -> list[Path]:
     return sorted(ROOT.glob("ansible/roles/*/molecule/*/*.yml")) + sorted(ROOT.glob("molecule/shared/*.yml"))
-
-
-def tasks_in(node: object) -> Iterator[dict]:
-    if isinstance(node, list):
-        for item in node:
-            yield from tasks_in(item)
-    elif isinstance(node, dict):
-        yield node
-        for key in NESTED:
-            yield from tasks_in(node.get(key))
 
 
 def installs_without_refresh(task: dict) -> str | None:
