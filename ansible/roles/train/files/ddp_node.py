@@ -185,15 +185,21 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _last_line(path: Path) -> dict[str, object] | None:
+def _tail_lines(path: Path, size: int) -> list[bytes] | None:
+    """The non-empty lines of the file's last `size` bytes (files that grow for a whole run are read from
+    their end), or None when there is no file yet."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = [line for line in f.read().splitlines() if line.strip()]
+            f.seek(max(0, f.tell() - size))
+            return [line for line in f.read().splitlines() if line.strip()]
     except FileNotFoundError:
         return None
-    for line in reversed(lines):
+
+
+def _last_line(path: Path) -> dict[str, object] | None:
+    lines = _tail_lines(path, 8192)
+    for line in reversed(lines or []):
         try:
             return json.loads(line)
         except json.JSONDecodeError:
@@ -271,14 +277,8 @@ def poll(args: argparse.Namespace) -> int:
 
 def _last_output_line(log: Path, max_chars: int = 160) -> str | None:
     """The newest non-empty line the job printed (its tail only: logs grow without bound)."""
-    try:
-        with log.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
-    except FileNotFoundError:
-        return None
-    return lines[-1][:max_chars] if lines else None
+    lines = _tail_lines(log, 4096)
+    return lines[-1].decode(errors="replace").strip()[:max_chars] if lines else None
 
 
 def _heartbeat_age(status: Path, now: float) -> float | None:
