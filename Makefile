@@ -76,10 +76,13 @@ molecule-all: setup test-hosts ## Run the scenarios of every role
 	  tests/stage.sh "molecule $$role" $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
-test: setup ## Everything CI runs: lint, unit, then two lanes at once: container roles | VM roles, e2e, ca_trust, docker
-	tests/stage.sh lint $(MAKE) --no-print-directory lint
-	tests/stage.sh unit $(MAKE) --no-print-directory unit
-	$(MAKE) --no-print-directory test-hosts vm-images
+test: setup ## Everything CI runs: lint and unit beside the test-host builds, then two lanes: container roles | VM roles, e2e, ca_trust, docker
+	@# The host's own apt installs first, alone: the hosts lane installs with apt too, and dpkg takes one at a time.
+	tests/host/ensure-tools.sh
+	@# The builds mostly wait on the Debian mirror (debootstrap), so they cost the checks little CPU.
+	tests/lanes.sh \
+	  checks "tests/stage.sh lint $(MAKE) --no-print-directory lint && tests/stage.sh unit $(MAKE) --no-print-directory unit" \
+	  hosts "$(MAKE) --no-print-directory test-hosts vm-images"
 	trap molecule/cleanup.sh EXIT; tests/lanes.sh \
 	  containers "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(CONTAINER_ROLES)'" \
 	  vms "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(VM_ROLES)' && \

@@ -29,6 +29,7 @@ from typing import Any
 
 import ansible_runner
 
+from . import artifacts
 from .contract import LOG_REPORT, POLL_REPORT, RUN_RECORD_VERSION, task_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,28 +211,6 @@ def progress_fields(metrics: dict[str, Any] | None) -> str:
     return text
 
 
-def summary_lines(run: Run) -> list[str]:
-    """How an ended run went, from its run.json and the program's metrics/summary.json; nothing while it runs."""
-    record = run.record
-    if not record.get("ended"):
-        return []
-    status = record.get("status")
-    lines = [f"run {run.run_id}: " + (f"FAILED on {record.get('failed_node')}" if status == "failed" else str(status))]
-    summary_file = run.directory / "metrics" / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    if isinstance(summary.get("final_loss"), int | float) and isinstance(
-        summary.get("mean_samples_per_s"), int | float
-    ):
-        lines.append(
-            f"steps {summary.get('first_step')}..{summary.get('last_step')}, final loss {summary['final_loss']:.4f}, "
-            f"mean {summary['mean_samples_per_s']:.0f} samples/s, world size {summary.get('world_size')}"
-        )
-    else:
-        lines.append("no summary.json in the run's DDP_OUTPUT_DIR: the program reports no metrics")
-    lines.append(f"artifacts: {run.directory.resolve()} (verify: cd there && sha256sum -c MANIFEST.sha256)")
-    return lines
-
-
 class StatusPrinter:
     def __init__(self) -> None:
         self.reports: dict[str, dict[str, Any]] = {}
@@ -259,7 +238,7 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
         elif "metrics" in report:
             line += f"; {progress_fields(report['metrics'])}"
         print(line)
-    for line in summary_lines(run):
+    for line in artifacts.summary_lines(run.directory, run.record):
         print(f"  {line}")
 
 
@@ -277,7 +256,8 @@ def stop(run: Run) -> int:
     started = time.monotonic()
     printer = StatusPrinter()
     runner = act(run, "stop", printer, train_stop_requested=True)
-    for line in summary_lines(find_run(run.run_id, run.directory.parent)):
+    ended = find_run(run.run_id, run.directory.parent)
+    for line in artifacts.summary_lines(ended.directory, ended.record):
         print(f"  {line}")
     print(f"stopped run {run.run_id} everywhere in {time.monotonic() - started:.1f} s")
     return runner.rc

@@ -247,11 +247,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not args.run_dir.is_dir():
         print(f"report: no run directory {args.run_dir}", file=sys.stderr)
         return 2
-    compare = load(args.compare) if args.compare else None
-    out = args.run_dir / "report.html"
-    out.write_text(render(load(args.run_dir), compare))
-    print(f"report: {out}")
+    print(f"report: {write(args.run_dir, args.compare)}")
     return 0
+
+
+def write(run_dir: Path, compare: Path | None = None) -> Path:
+    """run_dir/report.html, drawn from the run's files (and another run's, drawn over it)."""
+    out = run_dir / "report.html"
+    out.write_text(render(load(run_dir), load(compare) if compare else None))
+    return out
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import control
+from .artifacts import summary_lines
 from .contract import POLL_REPORT, task_report
 
 ROOT = control.ROOT
@@ -38,7 +39,7 @@ STAGES = {
     "train/tasks/validate.yml": "checking the inventory",
     "gpu_stack/tasks/check_consistency.yml": "checking driver, CUDA and NCCL versions agree",
     "train/tasks/preflight.yml": "preflight on every node",
-    "train/tasks/preflight_network.yml": "rendezvous check",
+    "train/tasks/preflight_node.yml": "checking each node: runtime, shared directories, rendezvous port",
     "train/tasks/ship.yml": "shipping the working directory to shared storage",
     "train/tasks/run.yml": "starting torchrun on every node",
     "train/tasks/stop.yml": "stopping the run everywhere",
@@ -221,7 +222,7 @@ def print_summary(run_id: str | None, artifacts: Path) -> None:
         run = control.find_run(run_id, artifacts) if run_id else None
     except LookupError:
         return
-    for line in control.summary_lines(run) if run else []:
+    for line in summary_lines(run.directory, run.record) if run else []:
         print(f"  {line}")
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from _modules import load
 from _yaml_tasks import tasks_in
-from ddp_launcher import contract, control, train
+from ddp_launcher import artifacts, contract, control, train
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,10 +40,13 @@ def test_every_reader_knows_the_kinds_the_runner_prints():
     assert json.loads(done.stdout) == [report, None]
 
 
-def test_the_role_records_the_version_the_launcher_reads():
-    role_vars = yaml.safe_load((ROOT / "ansible/roles/train/vars/main.yml").read_text())
-    assert role_vars["__train_run_record_version"] == contract.RUN_RECORD_VERSION
-    assert "__train_run_record_version" in (ROOT / "ansible/roles/train/tasks/record.yml").read_text()
+def test_the_role_records_runs_through_the_launcher_that_holds_the_version(tmp_path):
+    assert "ddp_launcher.artifacts" in (ROOT / "ansible/roles/train/tasks/record.yml").read_text()
+    artifacts.record(tmp_path / "job-1", {"version": 0, "status": "running", "job": "job"})
+    assert json.loads((tmp_path / "job-1" / "run.json").read_text())["version"] == contract.RUN_RECORD_VERSION
+    artifacts.record(tmp_path / "job-1", {"status": "succeeded"})
+    written = json.loads((tmp_path / "job-1" / "run.json").read_text())
+    assert written == {"version": contract.RUN_RECORD_VERSION, "status": "succeeded", "job": "job"}
 
 
 def test_a_run_recorded_by_a_newer_launcher_is_refused_by_name(tmp_path):

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Runs one node's part of a training job and reports on it; copied to every node by train.yml.
 
-    ddp_node.py launch --node-dir D --shared-dir S --node NAME -- COMMAND...
-        Runs COMMAND (torchrun or `docker run ... torchrun`) in its own process group, logging to D/node.log.
-        Its status file S/status-NAME.json counts heartbeats while COMMAND runs and records its exit code at
-        the end. Exits with COMMAND's exit code.
+    ddp_node.py launch --node-dir D --shared-dir S --node NAME [--mark-start FILE] -- COMMAND...
+        Stamps FILE (the master: the run's start, for collect), then runs COMMAND (torchrun or `docker run ...
+        torchrun`) in its own process group, logging to D/node.log. Its status file S/status-NAME.json counts
+        heartbeats while COMMAND runs and records its exit code at the end. Exits with COMMAND's exit code.
     ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
         Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
         "failed" with the name of the node that failed first, or "stopped": every node ended by `stop`), and the
@@ -23,10 +23,12 @@
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
         anything of the run is left. The node's status then records that the play, not a fault, ended it.
-    ddp_node.py pack-changed --dir W --since FILE --out TAR [--glob G ...] [--max-bytes N]
-        Writes TAR with the files under W modified after FILE was (both stamped by the same file server, so the
-        nodes' clocks play no part) whose relative path matches a glob, newest first until N bytes; prints
-        {"files": [...], "bytes": N, "skipped": [...]}: what the program wrote in its work dir during the run.
+    ddp_node.py collect --since FILE --out TAR --work-dir W --checkpoints C --metrics M [--all-checkpoints]
+                        [--glob G ...] [--max-bytes N]
+        Writes TAR with what the run left on shared storage: checkpoints/ (the newest *.pt in C written after
+        FILE was, or all of them), metrics/ (*.json, *.jsonl in M) and work/ (the files under W modified after
+        FILE whose relative path matches a glob, newest first until N bytes). FILE and the files are stamped by
+        the same file server, so the nodes' clocks play no part. Prints what it packed and what it skipped.
 
 Standard library only: nodes need nothing but the python3 that Ansible already uses.
 """
@@ -60,9 +62,13 @@ NEVER_STARTED_AFTER_S = 90.0  # pragma: no mutate (an allowance: any over a minu
 JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other program sets)
 
 
-def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str]) -> int:
+def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str], mark_start: Path | None = None) -> int:
     node_dir.mkdir(parents=True, exist_ok=True)
     shared_dir.mkdir(parents=True, exist_ok=True)
+    if mark_start is not None:
+        # Files newer than this were written by the run (collect). The master stamps it before its torchrun
+        # hosts the rendezvous, so no rank anywhere can write anything earlier.
+        mark_start.write_text(f"{node}\n")
     status = shared_dir / f"status-{node}.json"
     # A marker left by an earlier run under the same id must not make this run's failure look like a stop.
     (node_dir / "stopping").unlink(missing_ok=True)
@@ -369,22 +375,53 @@ def changed_files(directory: Path, since: float, globs: list[str]) -> list[tuple
     return [(rel, size) for _, rel, size in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
-def pack_changed(args: argparse.Namespace) -> int:
-    if not args.since.exists():  # the run never started: it wrote nothing
-        print(json.dumps({"files": [], "bytes": 0, "skipped": []}))
-        return 0
-    since = args.since.stat().st_mtime
-    picked, skipped, total = [], [], 0
-    for rel, size in changed_files(args.dir, since, args.glob or ["*"]):
-        if total + size > args.max_bytes:
-            skipped.append(str(rel))
-            continue
-        picked.append(rel)
-        total += size
+def _newer_files(directory: Path, patterns: list[str], since: float) -> list[Path]:
+    """The files directly in directory matching a pattern, modified after `since`, by name."""
+    if not directory.is_dir():
+        return []
+    return sorted(
+        path
+        for path in directory.iterdir()
+        if path.is_file()
+        and not path.is_symlink()
+        and any(fnmatch.fnmatch(path.name, p) for p in patterns)
+        and path.stat().st_mtime > since
+    )
+
+
+def collect(args: argparse.Namespace) -> int:
+    """One archive of what the run left on shared storage, fetched by the controller in one go."""
+    started = args.since.stat().st_mtime if args.since.exists() else None
+    checkpoints: list[Path] = []
+    work: list[Path] = []
+    skipped: list[str] = []
+    total = 0
+    if started is not None:  # without the marker the run never started: it wrote no checkpoint, nothing in work
+        # Only what this run wrote: a failed run must not pass an older run's checkpoint off as its own.
+        checkpoints = _newer_files(args.checkpoints, ["*.pt"], started)
+        checkpoints = checkpoints if args.all_checkpoints else checkpoints[-1:]
+        for rel, size in changed_files(args.work_dir, started, args.glob or ["*"]):
+            if total + size > args.max_bytes:
+                skipped.append(str(rel))
+                continue
+            work.append(rel)
+            total += size
+    metrics = _newer_files(args.metrics, ["*.json", "*.jsonl"], float("-inf"))
     with tarfile.open(args.out, "w") as tar:
-        for rel in picked:
-            tar.add(args.dir / rel, arcname=str(rel), recursive=False)
-    print(json.dumps({"files": [str(rel) for rel in picked], "bytes": total, "skipped": skipped}))
+        for path in checkpoints:
+            tar.add(path, arcname=f"checkpoints/{path.name}", recursive=False)
+        for path in metrics:
+            tar.add(path, arcname=f"metrics/{path.name}", recursive=False)
+        for rel in work:
+            tar.add(args.work_dir / rel, arcname=f"work/{rel}", recursive=False)
+    report = {
+        "checkpoints": [path.name for path in checkpoints],
+        "metrics": [path.name for path in metrics],
+        "files": [str(rel) for rel in work],
+        "bytes": total,
+        "skipped": skipped,
+    }
+    print(json.dumps(report))
     return 0
 
 
@@ -397,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "stop":
             p.add_argument("--shared-dir", type=Path, required=True)
             p.add_argument("--node", required=True)
+    sub.choices["launch"].add_argument("--mark-start", type=Path)
     sub.choices["launch"].add_argument("command", nargs=argparse.REMAINDER)
     sub.choices["poll"].add_argument("--nodes", required=True)
     sub.choices["poll"].add_argument("--metrics", type=Path)
@@ -411,10 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)
     reader.add_argument("--offset", type=int, default=0)
-    packer = sub.add_parser("pack-changed")
-    packer.add_argument("--dir", type=Path, required=True)
+    packer = sub.add_parser("collect")
     packer.add_argument("--since", type=Path, required=True)
     packer.add_argument("--out", type=Path, required=True)
+    packer.add_argument("--work-dir", type=Path, required=True)
+    packer.add_argument("--checkpoints", type=Path, required=True)
+    packer.add_argument("--metrics", type=Path, required=True)
+    packer.add_argument("--all-checkpoints", action="store_true")
     packer.add_argument("--glob", action="append")
     packer.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
@@ -422,12 +463,12 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error("launch needs a command after --")
-        return launch(args.node_dir, args.shared_dir, args.node, command)
+        return launch(args.node_dir, args.shared_dir, args.node, command, args.mark_start)
     actions = {
         "poll": poll,
         "stop": stop,
         "check-rendezvous": check_rendezvous,
-        "pack-changed": pack_changed,
+        "collect": collect,
         "read-log": read_log,
     }
     return actions[args.action](args)

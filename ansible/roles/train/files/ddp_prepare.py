@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Checks that one node can run its part of a run, in one call: run on every node at once, as the job's user.
+
+    ddp_prepare.py SPEC_JSON
+
+Prints one JSON object {"kind": "ddp_node.prepare/1", "problems": [...], "uid", "gid", "torch", "image_id"};
+the play fails on the first node with problems, before anything starts. Always exits 0 unless it crashes: the
+problems are the answer. What SPEC_JSON may hold (train role, tasks/preflight.yml):
+
+    node, runtime ("host" or "docker")           always
+    venv                                         host runtime: its torch is the job's
+    image, program_in_image                      docker runtime: the image must be here (and hold the program)
+    required_files                               paths that must exist on this node (torchrun, the program)
+    run_node_dir                                 made for this node's part of the run
+    rendezvous {port, timeout, peers | master_addr}
+    master_dirs                                  made by the master before any peer looks (job directories)
+    writable_dirs                                each node writes and removes a marker there
+    shared_dir, run_id                           with several nodes: every peer must see the master's marker
+
+The rendezvous connection orders the nodes: the master makes its directories and its marker, then listens; a
+peer that got through therefore finds them, checks them and answers one byte before the master tidies up.
+With only `node`, `runtime` and `venv` or `image`, it reads the torch version alone (make doctor).
+
+Standard library only: nodes need nothing but the python3 that Ansible already uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPORT = "ddp_node.prepare/1"
+# The master's first byte to each peer: proof that the port's listener is this check, not some other program.
+GREETING = b"D"
+CONNECT_RETRY_S = 0.5  # pragma: no mutate (a retry pace: slower or busy, the same outcome)
+
+
+def torch_in_venv(venv: str) -> str | None:
+    """The venv's torch version, from its dist-info directory's name: importing torch would take seconds."""
+    found = sorted(Path(venv).glob("lib/python3*/site-packages/torch-*.dist-info"))
+    return found[-1].name[len("torch-") : -len(".dist-info")] if found else None
+
+
+def inspect_image(image: str) -> tuple[str | None, str | None]:
+    """(image id, its ddp.torch label) or (None, None) when the image is not on this node."""
+    fmt = '{{.Id}} {{index .Config.Labels "ddp.torch"}}'
+    argv = ["docker", "image", "inspect", "--format", fmt, image]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return None, None
+    image_id, _, label = done.stdout.strip().partition(" ")
+    return image_id, (label if label and label != "<no value>" else None)
+
+
+def check_runtime(spec: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    node, problems = spec["node"], []
+    if spec["runtime"] == "docker":
+        report["image_id"], report["torch"] = inspect_image(spec["image"])
+        if report["image_id"] is None:
+            return [
+                f"host {node} lacks the training image {spec['image']} (train_image_name): run the container stage "
+                "(ansible/playbooks/container.yml) first."
+            ]
+        inside = spec.get("program_in_image")
+        if inside:
+            argv = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "test", spec["image"], "-f", inside]
+            if subprocess.run(argv, capture_output=True, check=False).returncode != 0:
+                problems.append(f"the image {spec['image']} on {node} has no {inside} (train_program).")
+    else:
+        report["torch"] = torch_in_venv(spec["venv"]) if spec.get("venv") else None
+    missing = [path for path in spec.get("required_files", []) if not Path(path).exists()]
+    if missing:
+        problems.append(f"host {node} lacks {', '.join(missing)} (see train_venv, train_program, train_config).")
+    return problems
+
+
+def check_writable(spec: dict[str, Any]) -> list[str]:
+    """Every directory written and emptied again as the job's user: a read-only export, root squashing or another
+    owner shows up here instead of as a failed checkpoint after launch."""
+    failed = []
+    for directory in spec.get("writable_dirs", []):
+        marker = Path(directory) / f".write-check-{spec['run_id']}-{spec['node']}"
+        try:
+            marker.write_text(spec["node"] + "\n")
+            marker.unlink()
+        except OSError as error:
+            failed.append((directory, error.strerror or str(error)))
+    if not failed:
+        return []
+    names = " and ".join(directory for directory, _ in failed)
+    return [
+        f"host {spec['node']} cannot write to {names} as user {spec['user']} ({failed[0][1]}): the job saves "
+        f"checkpoints and status there. Check the export is read-write, the mount is not read-only and "
+        f"{spec['user']} owns the directory (nfs_server_user, cluster_user)."
+    ]
+
+
+def shared_marker(spec: dict[str, Any]) -> Path:
+    return Path(spec["shared_dir"]) / f".shared-check-{spec['run_id']}"
+
+
+def peer_sees_master(spec: dict[str, Any]) -> list[str]:
+    if "shared_dir" not in spec or shared_marker(spec).exists():
+        return []
+    return [
+        f"host {spec['node']} does not see {spec['shared_dir']} as the master {spec['master']} does: with "
+        f"{spec['nnodes']} nodes it must be on storage every node shares (train_shared_dir / shared_dir, e.g. the "
+        "NFS mount)."
+    ]
+
+
+def serve_rendezvous(spec: dict[str, Any], deadline: float) -> list[str]:
+    """The master: the port must be free; every peer connects and answers once it has checked its side."""
+    port, peers = spec["rendezvous"]["port"], spec["rendezvous"]["peers"]
+    try:
+        server = socket.create_server(("", port), reuse_port=False)
+    except OSError as error:
+        return [f"rendezvous port {port} is not free on the master: {error}"]
+    with server:
+        for seen in range(peers):
+            server.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                connection = server.accept()[0]
+            except TimeoutError:
+                return [f"only {seen} of {peers} peers reached port {port}"]
+            with connection:
+                connection.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    connection.sendall(GREETING)
+                    connection.recv(1)  # the peer's checks are done (or it gave up): the marker may go
+                except OSError:
+                    pass  # the peer names its own trouble
+    return []
+
+
+def _greeted(connection: socket.socket) -> bool:
+    try:
+        return connection.recv(len(GREETING)) == GREETING
+    except OSError:
+        return False
+
+
+def reach_rendezvous(spec: dict[str, Any], deadline: float) -> tuple[socket.socket | None, list[str]]:
+    """A peer: connects to the master's port, retrying until the deadline."""
+    where = (spec["rendezvous"]["master_addr"], spec["rendezvous"]["port"])
+    error: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            return socket.create_connection(where, timeout=2), []
+        except OSError as err:
+            error = err
+            time.sleep(CONNECT_RETRY_S)
+    return None, [f"cannot reach the master's rendezvous port {where[0]}:{where[1]}: {error}"]
+
+
+def prepare(spec: dict[str, Any]) -> dict[str, Any]:
+    report: dict[str, Any] = {"kind": REPORT, "uid": os.getuid(), "gid": os.getgid(), "torch": None, "image_id": None}
+    problems = check_runtime(spec, report)
+    if spec.get("run_node_dir"):
+        Path(spec["run_node_dir"]).mkdir(parents=True, exist_ok=True)
+    rendezvous = spec.get("rendezvous")
+    if rendezvous is None:  # the runtime alone (make doctor)
+        report["problems"] = problems
+        return report
+    deadline = time.monotonic() + rendezvous["timeout"]
+    if "master_addr" not in rendezvous:  # the master
+        for directory in spec.get("master_dirs", []):
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        problems += check_writable(spec)
+        if "shared_dir" in spec:
+            shared_marker(spec).write_text(spec["run_id"] + "\n")
+        try:
+            problems += serve_rendezvous(spec, deadline)
+        finally:
+            if "shared_dir" in spec:
+                shared_marker(spec).unlink(missing_ok=True)
+    else:
+        connection, unreachable = reach_rendezvous(spec, deadline)
+        problems += unreachable
+        if connection is not None:
+            with connection:
+                connection.settimeout(max(0.1, deadline - time.monotonic()))
+                # Something other than this check holds the port when no greeting comes: the master says so.
+                if _greeted(connection):
+                    problems += check_writable(spec) + peer_sees_master(spec)
+                    connection.sendall(b"1")
+    report["problems"] = problems
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(json.dumps(prepare(json.loads(args[0]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
