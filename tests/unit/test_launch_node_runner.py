@@ -1,17 +1,15 @@
 """The node runner's view of a job (failure detection across nodes), a job's life end to end (launch, poll, stop),
-and its smaller commands: check-rendezvous, pack-changed, and the command line. Launch, poll and stop in detail:
+and its smaller commands: collect, and the command line. Launch, poll and stop in detail:
 test_node_runner_launch.py, test_node_runner_poll.py, test_node_runner_stop.py."""
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import tarfile
 import time
 
 import pytest
-from _node_runner import RUNNER, ddp_node, launched_pgid, launcher, node_args, run_runner
+from _node_runner import ddp_node, launched_pgid, launcher, node_args, run_runner
 
 NODES = ["node0", "node1"]
 
@@ -113,26 +111,6 @@ def test_launch_poll_and_stop_leave_nothing_behind(tmp_path):
     assert json.loads((shared / "status-node0.json").read_text())["stopped"] is True
 
 
-def test_rendezvous_check_refuses_a_taken_port():
-    with socket.create_server(("127.0.0.1", 0)) as taken:
-        port = taken.getsockname()[1]
-        result = run_runner("check-rendezvous", "--port", str(port))
-    assert result.returncode == 1
-    assert "not free" in result.stderr
-
-
-def test_rendezvous_check_master_and_peer_meet():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    master = subprocess.Popen(
-        [sys.executable, str(RUNNER), "check-rendezvous", "--port", str(port), "--peers", "1", "--timeout", "10"]
-    )
-    peer = run_runner("check-rendezvous", "--port", str(port), "--master-addr", "127.0.0.1", "--timeout", "10")
-    assert peer.returncode == 0, peer.stderr
-    assert master.wait(timeout=15) == 0
-
-
 def test_a_node_whose_status_never_appears_counts_as_failed(tmp_path):
     # node0 beats on; node1's launch died before it wrote its first status.
     seen, start = {}, 1000.0
@@ -212,96 +190,77 @@ def test_poll_and_read_log_print_reports_of_their_kind(tmp_path):
     assert (rest["text"], rest["offset"]) == ("second\n", whole["offset"])
 
 
-def test_pack_changed_takes_only_what_the_run_wrote_newest_first_within_the_cap(tmp_path):
-    work, marker = tmp_path / "work", tmp_path / "started"
-    (work / "sub").mkdir(parents=True)
-    (work / "old.txt").write_text("before the run")
-    marker.write_text("run\n")
-    os.utime(work / "old.txt", (1000, 1000))
-    os.utime(marker, (2000, 2000))
+def collect_args(tmp_path, *extra):
+    """A collect call over tmp_path's work/, checkpoints/ and output/, against the marker tmp_path/started."""
+    for name in ("work", "checkpoints", "output"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return [
+        "collect", "--since", str(tmp_path / "started"), "--out", str(tmp_path / "collected.tar"),
+        "--work-dir", str(tmp_path / "work"), "--checkpoints", str(tmp_path / "checkpoints"),
+        "--metrics", str(tmp_path / "output"), *extra,
+    ]  # fmt: skip
+
+
+def stamp(path, mtime, size=10):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    os.utime(path, (mtime, mtime))
+
+
+def packed(tmp_path):
+    with tarfile.open(tmp_path / "collected.tar") as tar:
+        return sorted(tar.getnames())
+
+
+def test_collect_takes_only_what_the_run_wrote_newest_first_within_the_cap(tmp_path):
+    args = collect_args(tmp_path, "--max-bytes", "25")
+    stamp(tmp_path / "started", 2000)
+    stamp(tmp_path / "work/old.txt", 1000)
     for name, mtime, size in (("snapshot.pt", 3000, 10), ("sub/log.txt", 4000, 10), ("big.bin", 5000, 100)):
-        (work / name).write_bytes(b"x" * size)
-        os.utime(work / name, (mtime, mtime))
-    out = tmp_path / "work.tar"
-    args = ["pack-changed", "--dir", str(work), "--since", str(marker), "--out", str(out), "--max-bytes", "25"]
+        stamp(tmp_path / "work" / name, mtime, size)
+    # An older run's checkpoint stays behind; of this run's, the newest by name (the step) comes back.
+    for name, mtime in (("ckpt-10.pt", 1500), ("ckpt-20.pt", 2500), ("ckpt-30.pt", 2600)):
+        stamp(tmp_path / "checkpoints" / name, mtime)
+    stamp(tmp_path / "output/metrics.jsonl", 1000)  # metrics come whatever their age: a resumed run appends
+    stamp(tmp_path / "output/notes.txt", 3000)
     report = json.loads(run_runner(*args).stdout)
-    assert report == {"files": ["sub/log.txt", "snapshot.pt"], "bytes": 20, "skipped": ["big.bin"]}
-    with tarfile.open(out) as tar:
-        assert sorted(tar.getnames()) == ["snapshot.pt", "sub/log.txt"]
-    only_pt = json.loads(run_runner(*args, "--glob", "*.pt").stdout)
-    assert only_pt["files"] == ["snapshot.pt"]
+    assert report == {
+        "checkpoints": ["ckpt-30.pt"],
+        "metrics": ["metrics.jsonl"],
+        "files": ["sub/log.txt", "snapshot.pt"],
+        "bytes": 20,
+        "skipped": ["big.bin"],
+    }
+    expected = ["checkpoints/ckpt-30.pt", "metrics/metrics.jsonl", "work/snapshot.pt", "work/sub/log.txt"]
+    assert packed(tmp_path) == expected
+    every = json.loads(run_runner(*args, "--all-checkpoints", "--glob", "*.pt").stdout)
+    assert (every["checkpoints"], every["files"]) == (["ckpt-20.pt", "ckpt-30.pt"], ["snapshot.pt"])
 
 
-def test_pack_changed_edges_the_marker_s_own_time_the_exact_cap_and_the_order(tmp_path, capsys):
-    work, marker, out = tmp_path / "work", tmp_path / "started", tmp_path / "work.tar"
-    work.mkdir()
-    marker.write_text("run\n")
-    os.utime(marker, (2000, 2000))
+def test_collect_edges_the_marker_s_own_time_the_exact_cap_and_the_order(tmp_path, capsys):
+    args = collect_args(tmp_path, "--max-bytes", "25")
+    stamp(tmp_path / "started", 2000)
     # at-start.txt was written in the marker's own instant: not after it. a.pt is the newest, b.pt older: newest
     # first is not the names' order either way. Together they fill the cap exactly.
     for name, mtime, size in (("at-start.txt", 2000, 1), ("b.pt", 3000, 15), ("a.pt", 4000, 10)):
-        (work / name).write_bytes(b"x" * size)
-        os.utime(work / name, (mtime, mtime))
-    args = ["pack-changed", "--dir", str(work), "--since", str(marker), "--out", str(out), "--max-bytes", "25"]
+        stamp(tmp_path / "work" / name, mtime, size)
+    stamp(tmp_path / "checkpoints/ckpt-1.pt", 2000)
     assert ddp_node.main(args) == 0
-    assert json.loads(capsys.readouterr().out) == {"files": ["a.pt", "b.pt"], "bytes": 25, "skipped": []}
-    with tarfile.open(out) as tar:
-        assert sorted(tar.getnames()) == ["a.pt", "b.pt"]
+    report = json.loads(capsys.readouterr().out)
+    assert (report["files"], report["bytes"], report["checkpoints"]) == (["a.pt", "b.pt"], 25, [])
+    assert packed(tmp_path) == ["work/a.pt", "work/b.pt"]
 
 
-def test_pack_changed_without_the_marker_packs_nothing(tmp_path, capsys):
+def test_collect_without_the_marker_packs_the_metrics_alone(tmp_path, capsys):
     # The run never started (no marker): it wrote nothing, and the collection goes on.
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "left-by-an-earlier-run.pt").write_text("x")
-    args = ["pack-changed", "--dir", str(work), "--since", str(tmp_path / "started"), "--out", str(tmp_path / "w.tar")]
+    args = collect_args(tmp_path)
+    stamp(tmp_path / "work/left-by-an-earlier-run.pt", 1000)
+    stamp(tmp_path / "checkpoints/ckpt-10.pt", 1000)
+    stamp(tmp_path / "output/summary.json", 1000)
     assert ddp_node.main(args) == 0
-    assert json.loads(capsys.readouterr().out) == {"files": [], "bytes": 0, "skipped": []}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_rendezvous_check_passes_a_free_port_and_a_reachable_master(capsys):
-    # A master with no peers (one node) only proves the port free; a peer only needs the master to listen.
-    assert ddp_node.main(["check-rendezvous", "--port", str(free_port()), "--timeout", "1"]) == 0
-    with socket.create_server(("127.0.0.1", 0)) as master:
-        port = str(master.getsockname()[1])
-        assert ddp_node.main(["check-rendezvous", "--port", port, "--master-addr", "127.0.0.1", "--timeout", "5"]) == 0
-    assert capsys.readouterr().err == ""
-
-
-def test_rendezvous_check_refuses_a_port_held_with_so_reuseport(capsys):
-    # Another program that allows reuse of its port still holds it: torchrun's store could not serve there alone.
-    with socket.socket() as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
-        assert ddp_node.main(["check-rendezvous", "--port", str(port)]) == 1
-    assert f"rendezvous port {port} is not free" in capsys.readouterr().err
-
-
-def test_rendezvous_master_fails_when_too_few_peers_come():
-    port = free_port()
-    # A process of its own: a master that never gives up fails this test at the timeout instead of hanging it.
-    result = run_runner("check-rendezvous", "--port", str(port), "--peers", "1", "--timeout", "0.3", timeout_s=15)
-    assert result.returncode == 1
-    assert f"only 0 of 1 peers reached port {port}" in result.stderr
-
-
-def test_rendezvous_peer_fails_when_the_master_cannot_be_reached(capsys):
-    with socket.socket() as closed:  # bound, never listening: every connection to it is refused
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-        args = ["check-rendezvous", "--port", str(port), "--master-addr", "127.0.0.1", "--timeout", "0.3"]
-        assert ddp_node.main(args) == 1
-    error = capsys.readouterr().err
-    assert f"cannot reach the master's rendezvous port 127.0.0.1:{port}" in error
-    assert "refused" in error  # the cause, for the operator
+    report = json.loads(capsys.readouterr().out)
+    assert (report["files"], report["checkpoints"], report["metrics"]) == ([], [], ["summary.json"])
+    assert packed(tmp_path) == ["metrics/summary.json"]
 
 
 # Each action's full call ({t}: the test's tmp_path, which stays empty) and the options it cannot run without.
@@ -310,8 +269,10 @@ FULL_CALLS = {
     "poll": (["--node-dir", "{t}/node", "--shared-dir", "{t}/shared", "--node", "node0", "--nodes", "node0"], 4),
     "stop": (["--node-dir", "{t}/node"], 1),
     "read-log": (["--node-dir", "{t}/node"], 1),
-    "check-rendezvous": (["--port", "1"], 1),
-    "pack-changed": (["--dir", "{t}/work", "--since", "{t}/started", "--out", "{t}/work.tar"], 3),
+    "collect": (
+        ["--since", "{t}/s", "--out", "{t}/c.tar", "--work-dir", "{t}", "--checkpoints", "{t}", "--metrics", "{t}"],
+        5,
+    ),
 }
 WITHOUT_ONE = [
     (action, options[i]) for action, (options, required) in FULL_CALLS.items() for i in range(0, 2 * required, 2)

@@ -15,10 +15,6 @@
     ddp_node.py read-log --node-dir D [--offset N]
         Prints {"offset": END, "text": ..., "ended": BOOL}: this node's log from byte N on, and whether its part
         of the job has ended (for `make logs`, following).
-    ddp_node.py check-rendezvous --port P [--master-addr A --peers N] [--timeout S]
-        Run on every node at once before launch. On the master (no --master-addr): fails at once if the port
-        is taken, otherwise accepts N peer connections within the timeout. On a peer: connects to A:P,
-        retrying until the timeout. Proves the port is free and reachable through every firewall on the way.
     ddp_node.py stop --node-dir D [--grace S] [--container NAME]
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
@@ -41,7 +37,6 @@ import fnmatch
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -331,37 +326,6 @@ def stop(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-def check_rendezvous(args: argparse.Namespace) -> int:
-    deadline = time.monotonic() + args.timeout
-    if args.master_addr is None:
-        try:
-            server = socket.create_server(("", args.port), reuse_port=False)
-        except OSError as error:
-            print(f"rendezvous port {args.port} is not free on the master: {error}", file=sys.stderr)
-            return 1
-        with server:
-            for seen in range(args.peers):
-                server.settimeout(max(0.1, deadline - time.monotonic()))
-                try:
-                    server.accept()[0].close()
-                except TimeoutError:
-                    print(f"only {seen} of {args.peers} peers reached port {args.port}", file=sys.stderr)
-                    return 1
-        return 0
-    error: OSError | None = None
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((args.master_addr, args.port), timeout=2).close()
-        except OSError as err:
-            error = err
-            time.sleep(0.5)  # pragma: no mutate (a retry pace: slower or busy, the same outcome)
-        else:
-            return 0
-    where = f"{args.master_addr}:{args.port}"
-    print(f"cannot reach the master's rendezvous port {where}: {error}", file=sys.stderr)
-    return 1
-
-
 def changed_files(directory: Path, since: float, globs: list[str]) -> list[tuple[Path, int]]:
     """(relative path, size) of the files under directory modified after `since` matching a glob, newest first."""
     found = []
@@ -440,11 +404,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["poll"].add_argument("--metrics", type=Path)
     sub.choices["poll"].add_argument("--stale-after", type=float, default=30.0)
     sub.choices["stop"].add_argument("--grace", type=float, default=15.0)
-    check = sub.add_parser("check-rendezvous")
-    check.add_argument("--port", type=int, required=True)
-    check.add_argument("--master-addr")
-    check.add_argument("--peers", type=int, default=0)
-    check.add_argument("--timeout", type=float, default=20.0)
     sub.choices["stop"].add_argument("--container")
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)
@@ -467,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
     actions = {
         "poll": poll,
         "stop": stop,
-        "check-rendezvous": check_rendezvous,
         "collect": collect,
         "read-log": read_log,
     }

@@ -80,6 +80,16 @@ def check_runtime(spec: dict[str, Any], report: dict[str, Any]) -> list[str]:
     return problems
 
 
+def make_dirs(spec: dict[str, Any]) -> list[str]:
+    """The master makes the job's directories on shared storage, as the job's user."""
+    for directory in spec.get("master_dirs", []):
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            return [f"host {spec['node']} cannot create {directory} as user {spec['user']} ({error.strerror})."]
+    return []
+
+
 def check_writable(spec: dict[str, Any]) -> list[str]:
     """Every directory written and emptied again as the job's user: a read-only export, root squashing or another
     owner shows up here instead of as a failed checkpoint after launch."""
@@ -170,8 +180,7 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
         return report
     deadline = time.monotonic() + rendezvous["timeout"]
     if "master_addr" not in rendezvous:  # the master
-        for directory in spec.get("master_dirs", []):
-            Path(directory).mkdir(parents=True, exist_ok=True)
+        problems += make_dirs(spec)
         problems += check_writable(spec)
         if "shared_dir" in spec:
             shared_marker(spec).write_text(spec["run_id"] + "\n")

@@ -1,0 +1,196 @@
+"""The preflight's one call per node (ansible/roles/train/files/ddp_prepare.py): run as the play runs it, a process
+per node, master and peers at once on loopback."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _modules import ROOT, load
+
+PREPARE = ROOT / "ansible/roles/train/files/ddp_prepare.py"
+ddp_prepare = load("ddp_prepare", PREPARE)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def peer_of(port: int, timeout: float = 10) -> dict:
+    return {"rendezvous": {"port": port, "timeout": timeout, "master_addr": "127.0.0.1"}}
+
+
+def node_spec(tmp_path: Path, node: str, port: int, nnodes: int = 2, **extra) -> dict:
+    """What the play sends a node of an nnodes-node run on host runtime; the master is node0."""
+    master = node == "node0"
+    spec = {
+        "node": node,
+        "user": "job",
+        "runtime": "host",
+        "venv": str(tmp_path / "venv"),
+        "run_id": "job-1",
+        "run_node_dir": str(tmp_path / "nodes" / node / "job-1"),
+        "master": "node0",
+        "nnodes": nnodes,
+        "required_files": [],
+        "rendezvous": {"port": port, "timeout": 10}
+        | ({"peers": nnodes - 1} if master else {"master_addr": "127.0.0.1"}),
+        "master_dirs": [str(tmp_path / "shared" / d) for d in ("checkpoints", "output", "work")] if master else [],
+        "writable_dirs": [str(tmp_path / "shared" / d) for d in ("checkpoints", "output")],
+    }
+    if nnodes > 1:
+        spec["shared_dir"] = str(tmp_path / "shared" / "checkpoints")
+    return spec | extra
+
+
+def start(spec: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(PREPARE), json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+
+
+def report_of(process: subprocess.Popen) -> dict:
+    stdout, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    report = json.loads(stdout)
+    assert report["kind"] == "ddp_node.prepare/1"
+    return report
+
+
+def test_master_and_peer_pass_and_leave_only_the_directories(tmp_path):
+    port = free_port()
+    # The peer starts first: it waits for the master's directories behind the rendezvous connection.
+    peer = start(node_spec(tmp_path, "node1", port))
+    master = start(node_spec(tmp_path, "node0", port))
+    assert report_of(master)["problems"] == []
+    assert report_of(peer)["problems"] == []
+    shared = tmp_path / "shared"
+    assert sorted(p.name for p in shared.iterdir()) == ["checkpoints", "output", "work"]
+    assert [p for p in shared.rglob("*") if p.is_file()] == []  # every marker removed
+    assert (tmp_path / "nodes/node1/job-1").is_dir()
+
+
+def test_a_peer_that_does_not_share_the_master_s_storage_is_named(tmp_path):
+    port = free_port()
+    peer_dirs = tmp_path / "peer-local"
+    peer_spec = node_spec(
+        peer_dirs, "node1", port, rendezvous={"port": port, "timeout": 10, "master_addr": "127.0.0.1"}
+    )
+    for name in ("checkpoints", "output"):
+        (peer_dirs / "shared" / name).mkdir(parents=True)
+    peer = start(peer_spec)
+    master = start(node_spec(tmp_path, "node0", port))
+    assert report_of(master)["problems"] == []
+    problems = report_of(peer)["problems"]
+    assert len(problems) == 1
+    assert problems[0].startswith(f"host node1 does not see {peer_dirs / 'shared/checkpoints'} as the master node0")
+
+
+def test_a_directory_the_job_cannot_write_is_named_with_the_cause(tmp_path):
+    # A file where the directory should be: unwritable for root too, which these tests run as.
+    blocked = tmp_path / "shared" / "output"
+    (tmp_path / "shared" / "checkpoints").mkdir(parents=True)
+    blocked.write_text("not a directory")
+    spec = node_spec(tmp_path, "node0", free_port(), nnodes=1)
+    assert report_of(start(spec))["problems"][0] == f"host node0 cannot create {blocked} as user job (File exists)."
+    assert report_of(start(spec | {"master_dirs": []}))["problems"] == [
+        f"host node0 cannot write to {blocked} as user job (Not a directory): the job saves checkpoints and status "
+        "there. Check the export is read-write, the mount is not read-only and job owns the directory "
+        "(nfs_server_user, cluster_user)."
+    ]
+
+
+@pytest.mark.parametrize("reuse_port", [False, True])
+def test_a_taken_rendezvous_port_is_refused_on_the_master(tmp_path, reuse_port):
+    # Another program that allows reuse of its port still holds it: torchrun's store could not serve there alone.
+    with socket.socket() as holder:
+        if reuse_port:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        master = start(node_spec(tmp_path, "node0", port))
+        peer = start(
+            node_spec(tmp_path, "node1", port)
+            | {"rendezvous": {"port": port, "timeout": 3, "master_addr": "127.0.0.1"}}
+        )
+        master_problems = report_of(master)["problems"]
+        # The peer reached the other program, which sends no greeting: the master alone names the cause.
+        assert report_of(peer)["problems"] == []
+    assert len(master_problems) == 1
+    assert master_problems[0].startswith(f"rendezvous port {port} is not free on the master: ")
+
+
+def test_a_master_whose_peers_do_not_come_says_how_many_came(tmp_path):
+    port = free_port()
+    spec = node_spec(tmp_path, "node0", port, nnodes=3) | {"rendezvous": {"port": port, "timeout": 0.5, "peers": 2}}
+    assert report_of(start(spec))["problems"] == [f"only 0 of 2 peers reached port {port}"]
+    assert not (tmp_path / "shared/checkpoints/.shared-check-job-1").exists()
+
+
+def test_a_peer_that_cannot_reach_the_master_names_the_address_and_the_cause(tmp_path):
+    with socket.socket() as closed:  # bound, never listening: every connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        spec = node_spec(tmp_path, "node1", port) | {
+            "rendezvous": {"port": port, "timeout": 0.5, "master_addr": "127.0.0.1"}
+        }
+        problems = report_of(start(spec))["problems"]
+    assert len(problems) == 1
+    assert problems[0].startswith(f"cannot reach the master's rendezvous port 127.0.0.1:{port}: ")
+    assert "refused" in problems[0]
+
+
+def fake_venv(tmp_path: Path, version: str) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "lib/python3.11/site-packages" / f"torch-{version}.dist-info").mkdir(parents=True)
+    return venv
+
+
+def test_host_runtime_reads_torch_from_the_venv_and_names_missing_files(tmp_path):
+    fake_venv(tmp_path, "2.13.0+cpu")
+    torchrun = tmp_path / "venv/bin/torchrun"
+    spec = {"node": "node0", "runtime": "host", "venv": str(tmp_path / "venv"), "required_files": [str(torchrun)]}
+    report = ddp_prepare.prepare(spec)
+    assert report["torch"] == "2.13.0+cpu"
+    assert report["problems"] == [f"host node0 lacks {torchrun} (see train_venv, train_program, train_config)."]
+    torchrun.parent.mkdir()
+    torchrun.write_text("")
+    assert ddp_prepare.prepare(spec)["problems"] == []
+    assert ddp_prepare.prepare(spec | {"venv": str(tmp_path / "none")})["torch"] is None
+
+
+def fake_docker(tmp_path: Path, monkeypatch, script: str) -> None:
+    """A docker first on PATH that answers as the script says."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text("#!/bin/sh\n" + script)
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+
+def test_docker_runtime_reads_the_image_and_looks_inside_it(tmp_path, monkeypatch):
+    # `image inspect` answers with the id and the label; `run ... test -f` finds only /app/train.py.
+    fake_docker(
+        tmp_path,
+        monkeypatch,
+        'case "$1" in image) echo "sha256:abc 2.13.0+cu128";; run) [ "$(eval echo \\${$#})" = /app/train.py ];; esac\n',
+    )
+    spec = {"node": "node0", "runtime": "docker", "image": "ddp-train:1", "program_in_image": "/app/train.py"}
+    report = ddp_prepare.prepare(spec)
+    assert (report["image_id"], report["torch"], report["problems"]) == ("sha256:abc", "2.13.0+cu128", [])
+    missing = ddp_prepare.prepare(spec | {"program_in_image": "/app/other.py"})["problems"]
+    assert missing == ["the image ddp-train:1 on node0 has no /app/other.py (train_program)."]
+
+
+def test_docker_runtime_without_the_image_says_which_stage_builds_it(tmp_path, monkeypatch):
+    fake_docker(tmp_path, monkeypatch, "echo 'Error: No such image' >&2; exit 1\n")
+    report = ddp_prepare.prepare({"node": "node0", "runtime": "docker", "image": "ddp-train:1"})
+    assert (report["image_id"], report["torch"]) == (None, None)
+    assert report["problems"] == [
+        "host node0 lacks the training image ddp-train:1 (train_image_name): run the container stage "
+        "(ansible/playbooks/container.yml) first."
+    ]
