@@ -18,7 +18,7 @@ STAGES = [
     "checking the inventory",
     "checking driver, CUDA and NCCL versions agree",
     "preflight on every node",
-    "rendezvous check",
+    "checking each node: runtime, shared directories, rendezvous port",
     "shipping the working directory to shared storage",
     "starting torchrun on every node",
     "stopping the run everywhere",

@@ -305,10 +305,12 @@ def shared_plugins_used(role: str) -> set[str]:
     """The project's shared filters and modules (outside the role) that the role's tasks, templates and vars use."""
     shared = set(re.findall(r'"(ddp_[a-z_]+)":', SHARED_FILTERS.read_text()))
     shared |= {path.stem for path in (ROOT / "ansible" / "plugins" / "modules").glob("ddp_*.py")}
+    # The launcher package's modules, which a role may run on the controller (ddp_launcher.artifacts).
+    shared |= {f"ddp_launcher.{path.stem}" for path in (ROOT / "ansible" / "ddp_launcher").glob("[a-z]*.py")}
     text = " ".join(
         path.read_text() for sub in ("tasks", "templates", "vars") for path in (ROLES_DIR / role).glob(f"{sub}/*")
     )
-    return {name for name in shared if re.search(rf"\b{name}\b", text)}
+    return {name for name in shared if re.search(rf"\b{re.escape(name)}\b", text)}
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -322,3 +324,4 @@ def test_the_readme_declares_every_shared_plugin_the_role_uses(role):
 
 def test_the_dependency_scan_sees_the_shared_plugins():
     assert {"ddp_gpus", "ddp_versions_problems"} <= shared_plugins_used("gpu_stack")
+    assert "ddp_launcher.artifacts" in shared_plugins_used("train")
