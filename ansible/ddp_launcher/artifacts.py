@@ -74,6 +74,12 @@ def unpack_collected(run_dir: Path) -> list[str]:
     return [member.name for member in members if member.isfile()]
 
 
+def _sha256(path: Path) -> str:
+    """Streamed: a checkpoint can be larger than the controller's memory."""
+    with path.open("rb") as data:
+        return hashlib.file_digest(data, "sha256").hexdigest()
+
+
 def write_manifest(run_dir: Path) -> list[str]:
     """MANIFEST.sha256 of every collected file (dot files included), in sha256sum -c's format."""
     collected = sorted(
@@ -81,7 +87,7 @@ def write_manifest(run_dir: Path) -> list[str]:
         for path in run_dir.rglob("*")
         if path.is_file() and not path.is_symlink() and not (path.parent == run_dir and path.name in RECORDS)
     )
-    lines = [f"{hashlib.sha256((run_dir / name).read_bytes()).hexdigest()}  {name}\n" for name in collected]
+    lines = [f"{_sha256(run_dir / name)}  {name}\n" for name in collected]
     _write_atomic(run_dir / "MANIFEST.sha256", "".join(lines))
     return collected
 
