@@ -20,7 +20,13 @@ Exit status: 0 done, 2 bad config or arguments (every rank, before any process g
 128+signal when stopped by SIGTERM/SIGINT (torchrun's stop; the process group is destroyed on the way out).
 """
 
-from ddp_train.main import exit_with, main
+import sys
+
+from ddp_train import cli
 
 if __name__ == "__main__":
+    if (answered := cli.main(sys.argv[1:])) is not None:
+        sys.exit(answered)
+    from ddp_train.main import exit_with, main
+
     exit_with(main())

@@ -4,12 +4,14 @@
         Merges FIELDS_JSON into RUN_DIR/run.json (made, with its version, when absent); atomic. --code (at
         launch): the shipped code's record, written to code.json.
     python -m ddp_launcher.artifacts finish RUN_DIR --outcome JSON
-        After collection: unpacks collected.tar into checkpoints/, metrics/ and work/ (regular files and
-        directories only, nothing elsewhere), writes MANIFEST.sha256, the outcome and the program's summary into
+        After collection: unpacks each node's collected-NODE.tar: its log into logs/NODE/, and the master's
+        checkpoints/, metrics/ and work/ (regular files and directories only, nothing elsewhere), writes
+        MANIFEST.sha256, the outcome and the program's summary into
         run.json, and report.html; prints how the run went.
 
-The train role calls these once each from the controller, where one Python process does what a dozen small
-Ansible tasks did. Standard library only, apart from the report's plotting, which loads when it is drawn.
+The train role calls record and finish once each, in the play's own process (its action plugin
+ddp_run_artifacts), where they do what a dozen small Ansible tasks did; the command line is for everyone else.
+Standard library only, apart from the report's plotting, which loads when it is drawn.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ def _write_atomic(path: Path, text: str) -> None:
     written.replace(path)
 
 
-def record(run_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
-    """run.json with fields merged over what it held; the record's version always current."""
+def record(run_dir: Path, fields: dict[str, Any], code: dict[str, Any] | None = None) -> dict[str, Any]:
+    """run.json with fields merged over what it held; the record's version always current. code (at launch): the
+    shipped code's record, written to code.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if code:
+        _write_atomic(run_dir / "code.json", json.dumps(code, indent=4) + "\n")
     path = run_dir / "run.json"
     merged = json.loads(path.read_text()) if path.is_file() else {}
     merged.update(fields)
@@ -54,24 +59,35 @@ def record(run_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def unpack_collected(run_dir: Path) -> list[str]:
-    """Unpacks the master's collected.tar into the run's checkpoints/, metrics/ and work/, then removes it.
+    """Unpacks each node's collected-NODE.tar into the run's directory, then removes it.
 
-    tarfile's data filter refuses links out, absolute and ../ paths and device files, and drops the node's owner;
-    members outside those three directories, or more than COLLECTED_MAX_BYTES in all, are refused too.
+    tarfile's data filter refuses links out, absolute and ../ paths and device files, and drops the node's owner.
+    A node's archive may hold its own logs/NODE/ and checkpoints/, metrics/ and work/: anything else (another
+    node's log, run.json), or more than COLLECTED_MAX_BYTES in all, is refused.
     """
-    archive = run_dir / "collected.tar"
-    if not archive.is_file():
-        return []
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
-        strays = [m.name for m in members if m.name.partition("/")[0] not in COLLECTED_DIRS]
-        if strays:
-            raise ValueError(f"{archive} holds {strays[0]}, outside {', '.join(sorted(COLLECTED_DIRS))}: refused")
-        if sum(member.size for member in members) > COLLECTED_MAX_BYTES:
-            raise ValueError(f"{archive} unpacks to more than {COLLECTED_MAX_BYTES} bytes: refused")
-        tar.extractall(run_dir, members=members, filter="data")
-    archive.unlink()
-    return [member.name for member in members if member.isfile()]
+    unpacked: list[str] = []
+    for archive in sorted(run_dir.glob("collected-*.tar")):
+        node = archive.name[len("collected-") : -len(".tar")]
+        allowed = [*sorted(COLLECTED_DIRS), f"logs/{node}"]
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
+            strays = [m.name for m in members if not _allowed(m, allowed)]
+            if strays:
+                raise ValueError(f"{archive} holds {strays[0]}, outside {', '.join(allowed)}: refused")
+            if sum(member.size for member in members) > COLLECTED_MAX_BYTES:
+                raise ValueError(f"{archive} unpacks to more than {COLLECTED_MAX_BYTES} bytes: refused")
+            tar.extractall(run_dir, members=members, filter="data")
+        archive.unlink()
+        unpacked += [member.name for member in members if member.isfile()]
+    return unpacked
+
+
+def _allowed(member: tarfile.TarInfo, tops: list[str]) -> bool:
+    """Under one of the tops, or a directory above one (logs/ above logs/NODE)."""
+    name = member.name.rstrip("/")
+    return any(
+        name == top or name.startswith(f"{top}/") or (member.isdir() and top.startswith(f"{name}/")) for top in tops
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -158,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     finisher.add_argument("--outcome", type=json.loads, required=True)
     args = parser.parse_args(argv)
     if args.action == "record":
-        record(args.run_dir, args.fields)
-        if args.code:
-            _write_atomic(args.run_dir / "code.json", json.dumps(args.code, indent=4) + "\n")
+        record(args.run_dir, args.fields, code=args.code)
         return 0
     for line in finish(args.run_dir, args.outcome):
         print(line)

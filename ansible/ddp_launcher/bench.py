@@ -1,7 +1,7 @@
 """`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
 
     ddp bench [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
-                            [--only p1 p2 p3 p4 p6]
+              [--launch-seconds S --run-dir DIR] [--only p1 p2 p3 p4 p6 p6lab]
 
 Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p1_allreduce_busbw_over_link   allreduce busbw at 64 MiB over the iperf3 bandwidth of the slowest node pair
@@ -17,6 +17,8 @@ Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p6_launch_over_bare_torchrun   `make train`'s wall time for the inventory's default job over the bare torchrun
                                  command it ran (from run.json), rerun alone on this machine; one-node inventories
                                  with the host runtime (inventory/local), null elsewhere with the reason
+  p6_lab_overhead_over_training  (`make train`'s wall time - the program's training time) / that training time,
+                                 for the lab's run that the e2e stage makes (--launch-seconds, --run-dir)
 Every null comes with its reason; the raw numbers behind each ratio, the machine, versions and git commit too.
 """
 
@@ -47,6 +49,7 @@ FIGURES = {
     "p3": "p3_noop_rerun_over_converge",
     "p4": "p4_checkpoint_stall_fraction",
     "p6": "p6_launch_over_bare_torchrun",
+    "p6lab": "p6_lab_overhead_over_training",
 }
 
 
@@ -189,6 +192,26 @@ def p6(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
     }
 
 
+def p6_lab(launch_s: float | None, run_dir: Path | None) -> dict[str, Any]:
+    """What a launch costs around its training on the lab: (`make train`'s wall time - the program's own training
+    time, from its summary.json) over that training time. The e2e stage passes the run it makes anyway; the
+    overhead counts everything a user waits for besides the training loop: the checks, starting torchrun and the
+    program (its torch import: half a minute per node under TCG), stopping, collecting and the report."""
+    if launch_s is None or run_dir is None:
+        return {"value": None, "reason": "from the e2e stage's lab run: --launch-seconds S --run-dir artifacts/<run>"}
+    summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
+    training_s = float(summary["wall_time_s"])
+    overhead_s = launch_s - training_s
+    return {
+        "value": round(overhead_s / training_s, 2),
+        "launch_s": round(launch_s, 1),
+        "training_s": round(training_s, 1),
+        "overhead_s": round(overhead_s, 1),
+        "steps": summary.get("last_step"),
+        "run": run_dir.name,
+    }
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
@@ -220,6 +243,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--inventory", default="inventory/local")
     parser.add_argument("--artifacts", type=Path, default=control.ARTIFACTS)
     parser.add_argument("--site-seconds", type=float, nargs=3, metavar=("CONVERGE", "RERUN", "CHANGED"))
+    # ... and p6lab from the lab training run it makes anyway: its wall time and its collected directory.
+    parser.add_argument("--launch-seconds", type=float)
+    parser.add_argument("--run-dir", type=Path)
     # The e2e stage records p3 from the site.yml runs it makes anyway, without measuring the rest again.
     parser.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
     args = parser.parse_args(argv)
@@ -240,6 +266,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "p3": lambda: p3(args.site_seconds),
         "p4": lambda: p4(inventory, artifacts, stamp),
         "p6": lambda: p6(inventory, artifacts, stamp),
+        "p6lab": lambda: p6_lab(args.launch_seconds, args.run_dir),
     }
     results: dict[str, dict[str, Any]] = {}
     for short, key in FIGURES.items():

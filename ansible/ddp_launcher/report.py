@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib as mpl
-
-mpl.use("Agg")  # no display: render to memory
-import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 
 @dataclass
@@ -106,16 +104,25 @@ def smoothed(values: list[float], weight: float = SMOOTHING) -> list[float]:
     return out
 
 
-def _noisy(axes: plt.Axes, x: list[float], y: list[float], label: str) -> None:
+def _noisy(axes: Axes, x: list[float], y: list[float], label: str) -> None:
     """Raw points faint, the smoothed line solid, in one colour."""
     (raw,) = axes.plot(x, y, alpha=0.3, linewidth=0.8)
     axes.plot(x, smoothed(y), color=raw.get_color(), label=f"{label} (smoothed {SMOOTHING})")
 
 
-def _png(figure: plt.Figure) -> str:
+def _figure() -> tuple[Figure, Axes]:
+    """A figure of its own, drawn to memory by Agg: no pyplot, whose state and GUI backends a report never needs
+    (and whose import costs a fifth of a second of every run's end)."""
+    figure = Figure(figsize=(7, 3.2))
+    # Fixed margins that hold a title, tick labels and an axis label: a layout engine would draw every figure
+    # twice to find them.
+    figure.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.2)
+    return figure, figure.subplots()
+
+
+def _png(figure: Figure) -> str:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(figure)
+    figure.savefig(buffer, format="png", dpi=90)
     return base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -138,7 +145,7 @@ def plots(runs: list[RunData]) -> dict[str, str]:
         series = [(run, label, x, y) for run, label, x, y in series if x]
         if not series or (scale == "log" and any(v <= 0 for *_, y in series for v in y)):
             continue
-        figure, axes = plt.subplots(figsize=(7, 3.2))
+        figure, axes = _figure()
         for run, label, x, y in series:
             if noisy:
                 _noisy(axes, x, y, f"{run.name}: {label}")
@@ -149,21 +156,21 @@ def plots(runs: list[RunData]) -> dict[str, str]:
         out[title] = _png(figure)
     node_lines = [(run, node, steps, times) for run in runs for node, (steps, times) in per_node(run).items()]
     if node_lines:
-        figure, axes = plt.subplots(figsize=(7, 3.2))
+        figure, axes = _figure()
         for run, node, steps, times in node_lines:
             axes.plot(steps, times, marker=".", label=f"{run.name}: {node}")
         axes.set(title="Step time per node, its slowest rank (s)", xlabel="step")
         axes.legend(fontsize=7)
         out["Step time per node"] = _png(figure)
         # A straggler at a glance: one bar per node, the node's name on the axis.
-        figure, axes = plt.subplots(figsize=(7, 3.2))
+        figure, axes = _figure()
         names = [f"{node}" if len(runs) == 1 else f"{run.name}\n{node}" for run, node, _, _ in node_lines]
         axes.bar(names, [sum(times) / len(times) for *_, times in node_lines])
         axes.set(title="Mean step time by node, its slowest rank (s)", xlabel="node")
         out["Mean step time by node"] = _png(figure)
     share = [(run, *comm_share(run)) for run in runs]
     if any(x for _, x, _ in share):
-        figure, axes = plt.subplots(figsize=(7, 3.2))
+        figure, axes = _figure()
         for run, x, y in share:
             if x:
                 _noisy(axes, x, [100 * v for v in y], run.name)
@@ -171,7 +178,7 @@ def plots(runs: list[RunData]) -> dict[str, str]:
         axes.legend(fontsize=7)
         out["Communication share"] = _png(figure)
     if any(run.checkpoints for run in runs):
-        figure, axes = plt.subplots(figsize=(7, 3.2))
+        figure, axes = _figure()
         for run in runs:
             blocked = [(c["step"], c.get("ckpt_block_s") or 0.0) for c in run.checkpoints]
             axes.bar([b[0] for b in blocked], [b[1] for b in blocked], width=2, alpha=0.7, label=f"{run.name}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shlex
 import signal
 import sys
@@ -158,9 +159,15 @@ def program_vars(program: Path, args: str, workdir: Path | None, job: str | None
     return shipped | ({"train_program_args": shlex.split(args)} if args else {})
 
 
+def run_tag() -> str:
+    """The unique part of a fresh run's id (train_run_tag): UTC time to the second, and four random hex digits
+    that keep apart two launches of one job in the same second."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
-    extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach}
+    extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach, "train_run_tag": run_tag()}
     if args.program:
         try:
             extravars |= program_vars(args.program, args.args, args.workdir, args.job)

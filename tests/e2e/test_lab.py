@@ -12,6 +12,22 @@ import sys
 from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, JOB, NODES, ROOT, STEPS, on, recap
 
 
+def bench(*argv: str) -> dict:
+    """`ddp bench` on the lab inventory with argv; the bench.json it wrote (its table printed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_launcher", "bench", "--inventory", str(INVENTORY), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(done.stdout)
+    written = done.stdout.strip().splitlines()[-1].removeprefix("bench.json: ")
+    return json.loads((ARTIFACTS / written).read_text())
+
+
 def test_site_converges(site_runs):
     first, _ = site_runs
     assert first.rc == 0, first.output[-4000:]
@@ -32,29 +48,7 @@ def test_bench_records_the_noop_rerun_against_the_converge(site_runs):
     assert second is not None and second.rc == 0
     changed = sum(counts["changed"] for counts in recap(second.output).values())
     site_seconds = [str(round(first.seconds, 1)), str(round(second.seconds, 1)), str(changed)]
-    bench = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ddp_launcher",
-            "bench",
-            "--inventory",
-            str(INVENTORY),
-            "--only",
-            "p3",
-            "--site-seconds",
-            *site_seconds,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert bench.returncode == 0, bench.stdout + bench.stderr
-    print(bench.stdout)
-    written = bench.stdout.strip().splitlines()[-1].removeprefix("bench.json: ")
-    p3 = json.loads((ARTIFACTS / written).read_text())["p3_noop_rerun_over_converge"]
+    p3 = bench("--only", "p3", "--site-seconds", *site_seconds)["p3_noop_rerun_over_converge"]
     assert p3["rerun_changed"] == 0 and 0 < p3["value"] < 1, p3
 
 
@@ -69,6 +63,19 @@ def test_training_spans_both_vms_and_loss_falls(training):
     summary, steps = training.training.summary(), training.training.metrics()
     assert summary["world_size"] == 2, summary
     assert steps[-1]["loss"] < steps[0]["loss"], [(s["step"], s["loss"]) for s in steps]
+
+
+def test_bench_records_the_launch_overhead_around_the_lab_s_training(training):
+    """make bench's p6_lab_overhead_over_training, from this stage's training run: what the launch, the checks,
+    the stop and the collection cost around the program's own training time (printed: a target, not a test)."""
+    run = training.training
+    assert run.result.rc == 0 and run.run_dir, run.result.output[-4000:]
+    launch_s = f"{run.result.seconds:.1f}"
+    figure = bench("--only", "p6lab", "--launch-seconds", launch_s, "--run-dir", str(run.run_dir))
+    figure = figure["p6_lab_overhead_over_training"]
+    training_s = run.summary()["wall_time_s"]
+    assert figure["training_s"] == round(training_s, 1) and figure["launch_s"] == float(launch_s), figure
+    assert figure["value"] == round((float(launch_s) - training_s) / training_s, 2), figure
 
 
 def test_nfs_server_restart_mid_run_neither_stops_nor_rewinds_the_job(training):

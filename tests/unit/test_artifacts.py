@@ -15,9 +15,12 @@ from ddp_launcher import artifacts
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def collected(run_dir: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> None:
+def collected(
+    run_dir: Path, members: dict[str, bytes], links: dict[str, str] | None = None, node: str = "node0"
+) -> None:
+    """A node's archive, as the node runner's collect writes it and the play fetches it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(run_dir / "collected.tar", "w") as tar:
+    with tarfile.open(run_dir / f"collected-{node}.tar", "w") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size, info.uid, info.mode = len(data), 4242, 0o600
@@ -36,7 +39,7 @@ def test_the_collected_archive_lands_in_its_three_directories_owned_by_the_contr
         "metrics/summary.json",
         "work/sub/.hidden",
     ]
-    assert not (run_dir / "collected.tar").exists()
+    assert not (run_dir / "collected-node0.tar").exists()
     written = run_dir / "work/sub/.hidden"
     assert written.read_bytes() == b"w"
     assert written.stat().st_uid == os.getuid()  # not the node's 4242
@@ -45,7 +48,8 @@ def test_the_collected_archive_lands_in_its_three_directories_owned_by_the_contr
 @pytest.mark.parametrize(
     ("members", "refusal"),
     [
-        ({"run.json": b"{}"}, "holds run.json, outside checkpoints, metrics, work"),
+        ({"run.json": b"{}"}, "holds run.json, outside checkpoints, metrics, work, logs/node0"),
+        ({"logs/node1/node.log": b"forged"}, "holds logs/node1/node.log, outside"),
         ({"work/../../escape": b"x"}, "outside the destination"),
     ],
 )
@@ -55,6 +59,19 @@ def test_an_archive_reaching_out_of_its_directories_is_refused(tmp_path, members
     with pytest.raises((ValueError, tarfile.TarError), match=refusal):
         artifacts.unpack_collected(run_dir)
     assert not (tmp_path / "escape").exists()
+
+
+def test_each_node_s_archive_brings_its_own_log(tmp_path):
+    run_dir = tmp_path / "job-1"
+    collected(run_dir, {"logs/node0/node.log": b"master", "metrics/m.jsonl": b"{}"}, node="node0")
+    collected(run_dir, {"logs/node1/node.log": b"peer"}, node="node1")
+    assert sorted(artifacts.unpack_collected(run_dir)) == [
+        "logs/node0/node.log",
+        "logs/node1/node.log",
+        "metrics/m.jsonl",
+    ]
+    assert (run_dir / "logs/node1/node.log").read_bytes() == b"peer"
+    assert list(run_dir.glob("*.tar")) == []
 
 
 def test_links_in_the_archive_are_left_out(tmp_path):

@@ -36,3 +36,22 @@ def test_only_p3_writes_every_key_with_a_reason_for_each_figure_it_skipped(tmp_p
     for key in ("p1_allreduce_busbw_over_link", "p2_scaling_efficiency", "p4_checkpoint_stall_fraction"):
         assert written[key]["value"] is None and "--only p3" in written[key]["reason"]
     assert "p3_noop_rerun_over_converge        0.250" in capsys.readouterr().out
+
+
+def test_p6lab_is_the_launch_s_time_around_the_training_over_the_training(tmp_path, capsys):
+    run = tmp_path / "lab-job-20261206-010203-beef"
+    (run / "metrics").mkdir(parents=True)
+    (run / "metrics" / "summary.json").write_text(json.dumps({"wall_time_s": 80.0, "last_step": 30}))
+    argv = ["--only", "p6lab", "--launch-seconds", "200", "--run-dir", str(run), "--artifacts", str(tmp_path)]
+    assert bench.main(argv) == 0
+    written = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    assert written["p6_lab_overhead_over_training"] == {
+        "value": 1.5,  # (200 - 80) / 80
+        "launch_s": 200.0,
+        "training_s": 80.0,
+        "overhead_s": 120.0,
+        "steps": 30,
+        "run": run.name,
+    }
+    assert "p6_lab_overhead_over_training      1.500" in capsys.readouterr().out
+    assert bench.p6_lab(None, None)["value"] is None and "e2e" in bench.p6_lab(None, None)["reason"]

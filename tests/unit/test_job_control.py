@@ -3,6 +3,7 @@ another command, and bad input is refused with the words that say why."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -41,6 +42,9 @@ def test_ctrl_c_stops_the_run_everywhere_collects_it_and_marks_it_cancelled():
     assert time.monotonic() - interrupted_at < 60, output[-3000:]
 
     run_id = output.split("interrupted: stopping run ")[1].split()[0]
+    # The launcher chose the id's unique part: the time and four random hex digits, so that two launches of one
+    # job in the same second stay apart.
+    assert re.fullmatch(r"local-smoke-\d{8}-\d{6}-[0-9a-f]{4}", run_id), run_id
     assert run_record(run_id)["status"] == "cancelled"
     assert f"{run_id:<36} local-smoke      cancelled" in make("runs").stdout
     assert "stopped run" in output and "everywhere in" in output

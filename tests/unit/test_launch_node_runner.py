@@ -9,7 +9,7 @@ import tarfile
 import time
 
 import pytest
-from _node_runner import ddp_node, launched_pgid, launcher, node_args, run_runner
+from _node_runner import ddp_node, end_leftovers, launched_pgid, launcher, node_args, run_runner
 
 NODES = ["node0", "node1"]
 
@@ -263,16 +263,35 @@ def test_collect_without_the_marker_packs_the_metrics_alone(tmp_path, capsys):
     assert packed(tmp_path) == ["metrics/summary.json"]
 
 
+def test_a_peer_packs_its_own_log_alone_and_a_linked_log_is_left_out(tmp_path, capsys):
+    log = tmp_path / "node/node.log"
+    stamp(log, 1000)
+    args = ["collect", "--out", str(tmp_path / "collected.tar"), "--node", "node1", "--log", str(log)]
+    assert ddp_node.main(args) == 0
+    assert packed(tmp_path) == ["logs/node1/node.log"]
+    log.unlink()
+    log.symlink_to("/etc/passwd")
+    assert ddp_node.main(args) == 0
+    assert packed(tmp_path) == []
+
+
+def test_the_master_s_part_of_collect_needs_all_its_directories(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        ddp_node.main(["collect", "--out", str(tmp_path / "c.tar"), "--since", str(tmp_path / "started")])
+    assert refused.value.code == 2
+    assert (
+        "collect --since (the master's part) needs --work-dir, --checkpoints and --metrics" in capsys.readouterr().err
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 # Each action's full call ({t}: the test's tmp_path, which stays empty) and the options it cannot run without.
 FULL_CALLS = {
     "launch": (["--node-dir", "{t}/node", "--shared-dir", "{t}/shared", "--node", "node0", "--", "true"], 3),
     "poll": (["--node-dir", "{t}/node", "--shared-dir", "{t}/shared", "--node", "node0", "--nodes", "node0"], 4),
     "stop": (["--node-dir", "{t}/node"], 1),
     "read-log": (["--node-dir", "{t}/node"], 1),
-    "collect": (
-        ["--since", "{t}/s", "--out", "{t}/c.tar", "--work-dir", "{t}", "--checkpoints", "{t}", "--metrics", "{t}"],
-        5,
-    ),
+    "collect": (["--out", "{t}/c.tar", "--node", "node0"], 1),
 }
 WITHOUT_ONE = [
     (action, options[i]) for action, (options, required) in FULL_CALLS.items() for i in range(0, 2 * required, 2)
@@ -308,3 +327,48 @@ def test_a_launch_without_a_command_is_refused(tmp_path, monkeypatch, capsys):
         assert refused.value.code == 2
         assert capsys.readouterr().err.endswith(": error: launch needs a command after --\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_start_returns_once_the_job_runs_and_the_job_outlives_the_call(tmp_path):
+    """As the script module runs it: the call returns (its pipes closed) while the job goes on; the runner file
+    itself may be gone by then."""
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    marker = tmp_path / "done"
+    job = ["sh", "-c", f"sleep 1; touch {marker}"]
+    try:
+        started = run_runner("start", *node_args(node_dir, shared), "--", *job, timeout_s=20)
+        assert started.returncode == 0, started.stderr
+        pgid = json.loads(started.stdout)["pgid"]
+        assert pgid == ddp_node._read_int(node_dir / "pgid")
+        assert not marker.exists()  # returned before the job ended
+        # The end is seen as soon as it comes: a poll watching for 30 s answers once the job is over.
+        watched = run_runner("poll", *node_args(node_dir, shared), "--nodes", "node0", "--wait", "30", timeout_s=20)
+        assert (watched.returncode, json.loads(watched.stdout)["job"]) == (1, "succeeded")
+        assert marker.exists()
+        assert (node_dir / "exit").read_text() == "0\n"
+    finally:
+        end_leftovers(node_dir)
+
+
+def test_start_of_a_command_that_cannot_run_records_its_failure(tmp_path):
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    started = run_runner("start", *node_args(node_dir, shared), "--", str(tmp_path / "no-such-torchrun"))
+    assert started.returncode == 0
+    assert json.loads(started.stdout) == {"pgid": None, "exit_code": ddp_node.COULD_NOT_START}
+    polled = run_runner("poll", *node_args(node_dir, shared), "--nodes", "node0")
+    report = json.loads(polled.stdout)
+    assert (polled.returncode, report["job"], report["reason"]) == (1, "failed", "exit code 127")
+    assert "the job could not start" in (node_dir / "node.log").read_text()
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_fails_saying_so(tmp_path):
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    try:
+        started = run_runner("start", *node_args(node_dir, shared), "--timeout", "1", "--", "sleep", "300")
+        assert started.returncode == 0
+        watched = run_runner("poll", *node_args(node_dir, shared), "--nodes", "node0", "--wait", "30", timeout_s=40)
+        report = json.loads(watched.stdout)
+        assert (report["job"], report["reason"], report["exit_code"]) == ("failed", "ran past train_timeout_s", -15)
+        assert "ran past its time limit of 1 s" in (node_dir / "node.log").read_text()
+    finally:
+        end_leftovers(node_dir)

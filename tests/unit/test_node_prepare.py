@@ -72,6 +72,19 @@ def test_master_and_peer_pass_and_leave_only_the_directories(tmp_path):
     assert (tmp_path / "nodes/node1/job-1").is_dir()
 
 
+def test_a_run_id_used_before_is_refused_on_any_node_that_has_its_directories(tmp_path):
+    spec = node_spec(tmp_path, "node0", free_port(), nnodes=1, fresh_dirs=[str(tmp_path / "shared/output")])
+    assert report_of(start(spec))["problems"] == []
+    # The same id again, from a controller that kept no record of it: the node's run dir and the run's shared
+    # directory both say it was used.
+    assert report_of(start(spec | {"rendezvous": {"port": free_port(), "timeout": 10, "peers": 0}}))["problems"] == [
+        f"run id job-1 was used before: {tmp_path / 'nodes/node0/job-1'} exists on node0, and a reused id would mix "
+        "two runs' files. Leave train_run_id empty for a fresh one.",
+        f"run id job-1 was used before: {tmp_path / 'shared/output'} exists on node0, and a reused id would mix "
+        "two runs' files. Leave train_run_id empty for a fresh one.",
+    ]
+
+
 def test_a_peer_that_does_not_share_the_master_s_storage_is_named(tmp_path):
     port = free_port()
     peer_dirs = tmp_path / "peer-local"
@@ -95,7 +108,8 @@ def test_a_directory_the_job_cannot_write_is_named_with_the_cause(tmp_path):
     blocked.write_text("not a directory")
     spec = node_spec(tmp_path, "node0", free_port(), nnodes=1)
     assert report_of(start(spec))["problems"][0] == f"host node0 cannot create {blocked} as user job (File exists)."
-    assert report_of(start(spec | {"master_dirs": []}))["problems"] == [
+    again = spec | {"master_dirs": [], "run_node_dir": str(tmp_path / "nodes/node0/job-1-again")}
+    assert report_of(start(again))["problems"] == [
         f"host node0 cannot write to {blocked} as user job (Not a directory): the job saves checkpoints and status "
         "there. Check the export is read-write, the mount is not read-only and job owns the directory "
         "(nfs_server_user, cluster_user)."
@@ -194,3 +208,30 @@ def test_docker_runtime_without_the_image_says_which_stage_builds_it(tmp_path, m
         "host node0 lacks the training image ddp-train:1 (train_image_name): run the container stage "
         "(ansible/playbooks/container.yml) first."
     ]
+
+
+def test_the_master_runs_the_program_s_config_check_and_quotes_its_refusal(tmp_path):
+    """The real program's --print-config (torch-free), as the preflight passes it on the master."""
+    check = [sys.executable, str(ROOT / "train/train.py"), "--config", str(ROOT / "train/configs/cpu-smoke.yaml")]
+    spec = {"node": "node0", "runtime": "host", "required_files": [], "config_check": [*check, "--print-config"]}
+    assert ddp_prepare.prepare(spec)["problems"] == []
+    bad = spec | {"config_check": [*check, "--set", "optim.lrr=1", "--print-config"]}
+    assert ddp_prepare.prepare(bad)["problems"] == [
+        "the training program refuses its config on node0 (train_program_args): config error: unknown key "
+        "'optim.lrr' (did you mean 'lr'?)"
+    ]
+    # A program that is missing is named as missing; its config is not asked for.
+    missing = bad | {"required_files": [str(tmp_path / "train.py")]}
+    assert ddp_prepare.prepare(missing)["problems"] == [
+        f"host node0 lacks {tmp_path / 'train.py'} (see train_venv, train_program, train_config)."
+    ]
+
+
+def test_the_config_check_imports_no_torch():
+    """Half a minute on a slow node: the launch asks the program about its config without loading the trainer."""
+    argv = [sys.executable, "-X", "importtime", "train/train.py", "--print-config"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert {"yaml", "ddp_train.cli", "ddp_train.config"} <= imported
+    assert "torch" not in imported
+    assert "run:\n  seed: 0\n" in done.stdout

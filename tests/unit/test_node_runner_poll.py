@@ -19,6 +19,12 @@ class FixedClock:
     def time(self) -> float:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
 
 def write_status(shared: Path, node: str, beat: int, exit_code: int | None = None) -> None:
     shared.mkdir(parents=True, exist_ok=True)

@@ -45,3 +45,56 @@ def test_loading_the_module_leaves_ansible_out_of_the_process():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+def test_the_driver_shows_through_an_executable_nvidia_smi_and_the_loaded_module_version(tmp_path):
+    smi, version = tmp_path / "nvidia-smi", tmp_path / "version"
+    assert not ddp_gpus._executable(str(smi))
+    assert ddp_gpus._read(version) == ""  # no module loaded: the check reports "not loaded"
+    smi.write_text("#!/bin/sh\n")
+    assert not ddp_gpus._executable(str(smi))  # installed but not runnable is not an nvidia-smi to ask
+    smi.chmod(0o755)
+    version.write_text("550.54.15\n")
+    assert ddp_gpus._executable(str(smi))
+    assert ddp_gpus._read(version) == "550.54.15"
+
+
+def test_the_module_reports_every_field_through_ansible(tmp_path):
+    """What the roles read, through Ansible itself (in a process of its own, as it runs on a node)."""
+    (tmp_path / "nvidia0").touch()
+    (tmp_path / "version").write_text("550.54.15\n")
+    args = (
+        f"pci_devices_path={tmp_path / 'pci'} dev_path={tmp_path} nvidia_smi_path={tmp_path / 'none'} "
+        f"module_version_path={tmp_path / 'version'}"
+    )
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "-i",
+            "localhost,",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-M",
+            str(ROOT / "ansible/plugins/modules"),
+            "-m",
+            "ddp_gpus",
+            "-a",
+            args,
+            "-o",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for field in (
+        f'"device_nodes": ["{tmp_path}/nvidia0"]',
+        '"pci_gpus": []',
+        '"nvidia_smi": false',
+        '"module_version": "550.54.15"',
+    ):
+        assert field in done.stdout, done.stdout

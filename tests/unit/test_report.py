@@ -78,13 +78,12 @@ def test_smoothing_is_tensorboards_debiased_moving_average():
 
 
 def test_noisy_series_are_drawn_raw_and_smoothed_in_one_colour():
-    figure, axes = report.plt.subplots()
+    _, axes = report._figure()
     report._noisy(axes, [1, 2, 3], [10.0, 0.0, 10.0], "run: samples/s")
     raw, line = axes.get_lines()
     assert list(raw.get_ydata()) == [10.0, 0.0, 10.0] and raw.get_alpha() < 0.5
     assert list(line.get_ydata()) == report.smoothed([10.0, 0.0, 10.0]) and line.get_color() == raw.get_color()
     assert line.get_label() == "run: samples/s (smoothed 0.6)"
-    report.plt.close(figure)
 
 
 def test_the_log_scale_loss_is_left_out_when_a_loss_is_not_positive(tmp_path):
@@ -98,21 +97,18 @@ def test_the_log_scale_loss_is_left_out_when_a_loss_is_not_positive(tmp_path):
 def test_the_node_axis_names_the_nodes(monkeypatch):
     run = report.RunData("r", steps=[{"step": 1, "node_step_time_s": {"gpu-a": 0.1, "gpu-b": 0.3}}])
     calls = []
-    original = report.plt.subplots
+    original = report._figure
 
-    def capture(*args, **kwargs):
-        made = original(*args, **kwargs)
+    def capture():
+        made = original()
         calls.append(made[1])
         return made
 
-    monkeypatch.setattr(report.plt, "subplots", capture)
-    monkeypatch.setattr(report.plt, "close", lambda *_: None)  # the axes are read after the PNGs are made
+    monkeypatch.setattr(report, "_figure", capture)
     report.plots([run])
     bars = next(axes for axes in calls if axes.get_title().startswith("Mean step time by node"))
     assert [tick.get_text() for tick in bars.get_xticklabels()] == ["gpu-a", "gpu-b"]
     assert [bar.get_height() for bar in bars.patches] == [0.1, 0.3]
-    monkeypatch.undo()
-    report.plt.close("all")
 
 
 def test_a_browser_shows_the_plots(tmp_path):

@@ -302,13 +302,17 @@ SHARED_FILTERS = ROOT / "ansible" / "plugins" / "filter" / "ddp_validators.py"
 
 
 def shared_plugins_used(role: str) -> set[str]:
-    """The project's shared filters and modules (outside the role) that the role's tasks, templates and vars use."""
+    """The project's shared filters and modules (outside the role) that the role's tasks, templates, vars and own
+    plugins use."""
     shared = set(re.findall(r'"(ddp_[a-z_]+)":', SHARED_FILTERS.read_text()))
     shared |= {path.stem for path in (ROOT / "ansible" / "plugins" / "modules").glob("ddp_*.py")}
     # The launcher package's modules, which a role may run on the controller (ddp_launcher.artifacts).
     shared |= {f"ddp_launcher.{path.stem}" for path in (ROOT / "ansible" / "ddp_launcher").glob("[a-z]*.py")}
     text = " ".join(
-        path.read_text() for sub in ("tasks", "templates", "vars") for path in (ROLES_DIR / role).glob(f"{sub}/*")
+        path.read_text()
+        for sub in ("tasks", "templates", "vars", "action_plugins", "library", "filter_plugins")
+        for path in (ROLES_DIR / role).glob(f"{sub}/*")
+        if path.is_file()
     )
     return {name for name in shared if re.search(rf"\b{re.escape(name)}\b", text)}
 

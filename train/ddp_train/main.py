@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import socket
@@ -16,9 +14,9 @@ from typing import NoReturn
 
 import numpy as np
 import torch
-import yaml
 
 from . import checkpoint as ckpt
+from .cli import config_from_args, parse_args, print_config
 from .components import (
     build_optimizer,
     build_scaler,
@@ -27,7 +25,7 @@ from .components import (
     effective_lr,
     wrap_ddp,
 )
-from .config import TOKEN_DATASETS, Config, ConfigError, load_config
+from .config import TOKEN_DATASETS, Config, ConfigError
 from .data import build_datasets, build_eval_loader, build_stream
 from .distributed import (
     DistInfo,
@@ -46,46 +44,6 @@ from .distributed import (
 from .loop import Trainer, reap_checkpoints, train
 from .metrics import MetricsLog
 from .models import build_model
-
-# train/, wherever it lives (the repository, /opt/ddp/train in the image): the configs are beside the package.
-PROGRAM_DIR = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = PROGRAM_DIR / "configs" / "cpu-smoke.yaml"
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="DDP training", formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--steps", type=int)
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--checkpoint-every", type=int)
-    p.add_argument("--keep-last", type=int)
-    p.add_argument("--resume", help="auto | never | PATH")
-    p.add_argument("--output-dir")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides")
-    p.add_argument("--print-config", action="store_true")
-    return p.parse_args(argv)
-
-
-FLAG_KEYS = {
-    "max_steps": "run.max_steps",
-    "steps": "run.steps",
-    "checkpoint_dir": "checkpoint.dir",
-    "checkpoint_every": "checkpoint.every",
-    "keep_last": "checkpoint.keep_last",
-    "resume": "checkpoint.resume",
-    "output_dir": "metrics.output_dir",
-    "seed": "run.seed",
-}
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    # JSON is YAML: "runs/x" stays a string, 100 an integer.
-    flags = [
-        f"{key}={json.dumps(getattr(args, name))}" for name, key in FLAG_KEYS.items() if getattr(args, name) is not None
-    ]
-    return load_config(args.config, [*flags, *args.overrides])
 
 
 def preflight(cfg: Config) -> None:
@@ -242,10 +200,9 @@ def finish_writing(t: Trainer) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = config_from_args(args)
         if args.print_config:
-            print0(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
-            return 0
+            return print_config(args)
+        cfg = config_from_args(args)
         preflight(cfg)
     except ConfigError as exc:
         print_all(f"config error: {exc}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -14,6 +15,8 @@ description:
     audio functions (0x0403xx) and NVSwitches (0x0680xx) do not count. Read from sysfs, so nodes need no
     pciutils, and true whether or not a driver is loaded (the GPU stage may not have run yet).
   - A usable GPU is a device node /dev/nvidiaN, which exists once the driver is loaded.
+  - Also reports what the running driver shows without running anything: whether nvidia-smi is installed and
+    the loaded kernel module's version (the GPU stack's consistency check compares them across nodes).
   - Reads only; never changes the node.
 options:
   pci_devices_path:
@@ -24,6 +27,14 @@ options:
     description: Directory of device nodes (tests point it at a fake tree).
     type: path
     default: /dev
+  nvidia_smi_path:
+    description: Where nvidia-smi is installed.
+    type: path
+    default: /usr/bin/nvidia-smi
+  module_version_path:
+    description: The loaded nvidia kernel module's version file.
+    type: path
+    default: /sys/module/nvidia/version
 """
 
 RETURN = r"""
@@ -36,6 +47,14 @@ device_nodes:
   description: The /dev/nvidiaN device nodes, in N order.
   type: list
   elements: str
+  returned: always
+nvidia_smi:
+  description: Whether nvidia-smi is installed (nvidia_smi_path is an executable file).
+  type: bool
+  returned: always
+module_version:
+  description: The loaded nvidia kernel module's version; empty when none is loaded.
+  type: str
   returned: always
 """
 
@@ -70,6 +89,10 @@ def device_nodes(dev_path: str) -> list[str]:
     return [str(node) for _, node in sorted(numbered)]
 
 
+def _executable(path: str) -> bool:
+    return Path(path).is_file() and os.access(path, os.X_OK)
+
+
 def main() -> None:
     # Imported here, not at the top: the unit tests load this file in-process beside torch, and importing
     # ansible's module_utils patches sys.intern, which breaks torch._dynamo for every later test.
@@ -79,6 +102,8 @@ def main() -> None:
         argument_spec={
             "pci_devices_path": {"type": "path", "default": "/sys/bus/pci/devices"},
             "dev_path": {"type": "path", "default": "/dev"},
+            "nvidia_smi_path": {"type": "path", "default": "/usr/bin/nvidia-smi"},
+            "module_version_path": {"type": "path", "default": "/sys/module/nvidia/version"},
         },
         supports_check_mode=True,
     )
@@ -86,6 +111,8 @@ def main() -> None:
         changed=False,
         pci_gpus=pci_gpus(module.params["pci_devices_path"]),
         device_nodes=device_nodes(module.params["dev_path"]),
+        nvidia_smi=_executable(module.params["nvidia_smi_path"]),
+        module_version=_read(Path(module.params["module_version_path"])),
     )
 
 

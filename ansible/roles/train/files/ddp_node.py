@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Runs one node's part of a training job and reports on it; copied to every node by train.yml.
 
-    ddp_node.py launch --node-dir D --shared-dir S --node NAME [--mark-start FILE] -- COMMAND...
+    ddp_node.py launch --node-dir D --shared-dir S --node NAME [--mark-start FILE] [--timeout T] -- COMMAND...
         Stamps FILE (the master: the run's start, for collect), then runs COMMAND (torchrun or `docker run ...
         torchrun`) in its own process group, logging to D/node.log. Its status file S/status-NAME.json counts
-        heartbeats while COMMAND runs and records its exit code at the end. Exits with COMMAND's exit code.
+        heartbeats while COMMAND runs and records its exit code at the end. A COMMAND still running after T
+        seconds is stopped. Exits with COMMAND's exit code.
+    ddp_node.py start ... (launch's arguments)
+        launch in a process of its own, detached from the caller (Ansible's script call, which ends and removes
+        this file): returns once the job runs, or once it could not start, printing {"pgid", "exit_code"}.
     ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
+                     [--wait W]
         Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
         "failed" with the name of the node that failed first, or "stopped": every node ended by `stop`), and the
-        latest metrics line when FILE exists here.
+        latest metrics line when FILE exists here. With W, it watches for up to W seconds and answers as soon
+        as the job is over: a run's end is seen within a fraction of a second, not a poll period later.
         Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
         `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
         more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
@@ -19,14 +25,17 @@
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
         anything of the run is left. The node's status then records that the play, not a fault, ended it.
-    ddp_node.py collect --since FILE --out TAR --work-dir W --checkpoints C --metrics M [--all-checkpoints]
-                        [--glob G ...] [--max-bytes N]
-        Writes TAR with what the run left on shared storage: checkpoints/ (the newest *.pt in C written after
+    ddp_node.py collect --out TAR --node NAME --log LOG
+                        [--since FILE --work-dir W --checkpoints C --metrics M [--all-checkpoints]
+                         [--glob G ...] [--max-bytes N]]
+        Writes TAR, which the controller fetches in one go: this node's LOG as logs/NAME/node.log and, on the
+        master (--since), what the run left on shared storage: checkpoints/ (the newest *.pt in C written after
         FILE was, or all of them), metrics/ (*.json, *.jsonl in M) and work/ (the files under W modified after
         FILE whose relative path matches a glob, newest first until N bytes). FILE and the files are stamped by
         the same file server, so the nodes' clocks play no part. Prints what it packed and what it skipped.
 
-Standard library only: nodes need nothing but the python3 that Ansible already uses.
+Standard library only: nodes need nothing but the python3 that Ansible already uses. Ansible's script module
+ships this file with every call, so nothing on a node that the job's user could change is ever run.
 """
 
 from __future__ import annotations
@@ -55,9 +64,22 @@ LOG_REPORT = "ddp_node.log/1"
 # NFS client can keep a negative lookup of a file created after it first looked for up to a minute.
 NEVER_STARTED_AFTER_S = 90.0  # pragma: no mutate (an allowance: any over a minute does)
 JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other program sets)
+# How often a waiting poll looks at the status files again: the delay between a run's end and the launch seeing it.
+WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
+# Exit code recorded for a command that could not even be started (the shell's "command not found").
+COULD_NOT_START = 127
 
 
-def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str], mark_start: Path | None = None) -> int:
+def launch(
+    node_dir: Path,
+    shared_dir: Path,
+    node: str,
+    command: list[str],
+    *,
+    mark_start: Path | None = None,
+    timeout_s: float | None = None,
+    grace_s: float = 15.0,
+) -> int:
     node_dir.mkdir(parents=True, exist_ok=True)
     shared_dir.mkdir(parents=True, exist_ok=True)
     if mark_start is not None:
@@ -96,14 +118,77 @@ def launch(node_dir: Path, shared_dir: Path, node: str, command: list[str], mark
     beater.start()
     # A stop from Ansible (or the async timeout) reaches this process: pass it on to the job's group.
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(child.pid, signal.SIGTERM))
-    code = child.wait()
+    timed_out = False
+    try:
+        code = child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with (node_dir / "node.log").open("a") as log:
+            log.write(f"ddp_node: the job ran past its time limit of {timeout_s:.0f} s and is stopped\n")
+        _signal_group(child.pid, signal.SIGTERM)
+        try:
+            code = child.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _kill_job(node_dir, child.pid, signal.SIGKILL)
+            code = child.wait()
     done.set()
     beater.join()
     # An exit the play caused (stop) is never the cause of a failure, only its consequence.
     stopped = (node_dir / "stopping").exists()
-    write_status(beat=-1, exit_code=code, ended=time.time(), stopped=stopped)
+    write_status(beat=-1, exit_code=code, ended=time.time(), stopped=stopped, timed_out=timed_out)
     (node_dir / "exit").write_text(f"{code}\n")
     return code
+
+
+def start(args: argparse.Namespace, command: list[str]) -> int:
+    """launch() in a grandchild of its own session: it outlives this call, and no pipe of the caller stays open."""
+    args.node_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("pgid", "exit"):
+        (args.node_dir / stale).unlink(missing_ok=True)
+    child = os.fork()
+    if child == 0:  # pragma: no cover (runs in the detached process: its effects are what the tests check)
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        _detach_stdio()
+        code = COULD_NOT_START
+        try:
+            code = _launch_from(args, command)
+        except BaseException as error:  # the job's end must be recorded, whatever kept it from starting
+            _record_no_start(args.node_dir, args.shared_dir / f"status-{args.node}.json", error)
+        finally:
+            os._exit(code & 0xFF)
+    os.waitpid(child, 0)
+    deadline = time.monotonic() + 60  # pragma: no mutate (a bound on a hung fork; a start takes milliseconds)
+    while True:
+        pgid, exit_code = _read_int(args.node_dir / "pgid"), _read_int(args.node_dir / "exit")
+        if pgid is not None or exit_code is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)  # pragma: no mutate (a polling pace)
+    print(json.dumps({"pgid": pgid, "exit_code": exit_code}))
+    return 0 if pgid is not None or exit_code is not None else 1
+
+
+def _launch_from(args: argparse.Namespace, command: list[str]) -> int:
+    return launch(
+        args.node_dir, args.shared_dir, args.node, command, mark_start=args.mark_start, timeout_s=args.timeout or None
+    )
+
+
+def _detach_stdio() -> None:  # pragma: no cover (runs in the detached process)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _record_no_start(node_dir: Path, status: Path, error: BaseException) -> None:  # pragma: no cover (detached)
+    with contextlib.suppress(OSError):
+        with (node_dir / "node.log").open("a") as log:
+            log.write(f"ddp_node: the job could not start: {error}\n")
+        _write_status(status, beat=-1, exit_code=COULD_NOT_START, ended=time.time(), slowest_write_s=0.0)
+    with contextlib.suppress(OSError):
+        (node_dir / "exit").write_text(f"{COULD_NOT_START}\n")
 
 
 def _write_status(
@@ -113,6 +198,7 @@ def _write_status(
     exit_code: int | None,
     ended: float | None = None,
     stopped: bool = False,
+    timed_out: bool = False,
     slowest_write_s: float,
 ) -> None:
     # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
@@ -122,6 +208,7 @@ def _write_status(
         "exit_code": exit_code,
         "ended": ended,
         "stopped": stopped,
+        "timed_out": timed_out,
         "slowest_write_s": slowest_write_s,
     }
     path.write_text(json.dumps(status) + "\n")
@@ -218,7 +305,8 @@ def job_state(
     failed = [node for node, code in exits.items() if code not in (None, 0) and not statuses[node].get("stopped")]
     if failed:
         cause = _first_to_end(failed, statuses)
-        return {"job": "failed", "failed_node": cause, "reason": f"exit code {exits[cause]}"}
+        reason = "ran past train_timeout_s" if statuses[cause].get("timed_out") else f"exit code {exits[cause]}"
+        return {"job": "failed", "failed_node": cause, "reason": reason}
     if all(code == 0 for code in exits.values()):
         return {"job": "succeeded"}
     if all(code is not None for code in exits.values()):
@@ -247,21 +335,26 @@ def _first_to_end(failed: list[str], statuses: dict[str, Any]) -> str:
 
 
 def poll(args: argparse.Namespace) -> int:
-    pgid = _read_int(args.node_dir / "pgid")
-    exit_code = _read_int(args.node_dir / "exit")
     seen_file = args.node_dir / "heartbeats-seen.json"  # pragma: no mutate (its only name: poll reads and writes it)
     try:
         seen = json.loads(seen_file.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         seen = {}
     nodes = args.nodes.split(",")
-    now = time.time()
-    state = job_state(args.shared_dir, nodes, args.stale_after, now, seen)
+    watch_until = time.monotonic() + args.wait
+    while True:
+        now = time.time()
+        state = job_state(args.shared_dir, nodes, args.stale_after, now, seen)
+        if state["job"] != "running" or time.monotonic() >= watch_until:
+            break
+        time.sleep(WATCH_EVERY_S)
     seen_file.write_text(json.dumps(seen))
+    exit_code = _read_int(args.node_dir / "exit")
+    launched = _read_int(args.node_dir / "pgid") is not None
     report: dict[str, object] = {
         "kind": POLL_REPORT,
         "node": args.node,
-        "node_state": "exited" if exit_code is not None else "running" if pgid else "not started",
+        "node_state": "exited" if exit_code is not None else "running" if launched else "not started",
         "exit_code": exit_code,
         "started": [node for node in nodes if (args.shared_dir / f"status-{node}.json").exists()],
         "heartbeat_age_s": _heartbeat_age(args.shared_dir / f"status-{args.node}.json", now),
@@ -354,8 +447,8 @@ def _newer_files(directory: Path, patterns: list[str], since: float) -> list[Pat
 
 
 def collect(args: argparse.Namespace) -> int:
-    """One archive of what the run left on shared storage, fetched by the controller in one go."""
-    started = args.since.stat().st_mtime if args.since.exists() else None
+    """One archive per node: its log, and on the master what the run left on shared storage."""
+    started = args.since.stat().st_mtime if args.since and args.since.exists() else None
     checkpoints: list[Path] = []
     work: list[Path] = []
     skipped: list[str] = []
@@ -370,8 +463,10 @@ def collect(args: argparse.Namespace) -> int:
                 continue
             work.append(rel)
             total += size
-    metrics = _newer_files(args.metrics, ["*.json", "*.jsonl"], float("-inf"))
+    metrics = _newer_files(args.metrics, ["*.json", "*.jsonl"], float("-inf")) if args.metrics else []
     with tarfile.open(args.out, "w") as tar:
+        if args.log and args.log.is_file() and not args.log.is_symlink():
+            tar.add(args.log, arcname=f"logs/{args.node}/node.log", recursive=False)
         for path in checkpoints:
             tar.add(path, arcname=f"checkpoints/{path.name}", recursive=False)
         for path in metrics:
@@ -392,37 +487,46 @@ def collect(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
-    for name in ("launch", "poll", "stop"):
+    for name in ("launch", "start", "poll", "stop"):
         p = sub.add_parser(name)
         p.add_argument("--node-dir", type=Path, required=True)
         if name != "stop":
             p.add_argument("--shared-dir", type=Path, required=True)
             p.add_argument("--node", required=True)
-    sub.choices["launch"].add_argument("--mark-start", type=Path)
-    sub.choices["launch"].add_argument("command", nargs=argparse.REMAINDER)
+    for name in ("launch", "start"):
+        sub.choices[name].add_argument("--mark-start", type=Path)
+        sub.choices[name].add_argument("--timeout", type=float, default=0.0, help="seconds; 0: none")
+        sub.choices[name].add_argument("command", nargs=argparse.REMAINDER)
     sub.choices["poll"].add_argument("--nodes", required=True)
     sub.choices["poll"].add_argument("--metrics", type=Path)
     sub.choices["poll"].add_argument("--stale-after", type=float, default=30.0)
+    sub.choices["poll"].add_argument("--wait", type=float, default=0.0, help="watch up to this many seconds")
     sub.choices["stop"].add_argument("--grace", type=float, default=15.0)
     sub.choices["stop"].add_argument("--container")
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)
     reader.add_argument("--offset", type=int, default=0)
     packer = sub.add_parser("collect")
-    packer.add_argument("--since", type=Path, required=True)
     packer.add_argument("--out", type=Path, required=True)
-    packer.add_argument("--work-dir", type=Path, required=True)
-    packer.add_argument("--checkpoints", type=Path, required=True)
-    packer.add_argument("--metrics", type=Path, required=True)
+    packer.add_argument("--node", default="node")
+    packer.add_argument("--log", type=Path)
+    packer.add_argument("--since", type=Path)
+    packer.add_argument("--work-dir", type=Path)
+    packer.add_argument("--checkpoints", type=Path)
+    packer.add_argument("--metrics", type=Path)
     packer.add_argument("--all-checkpoints", action="store_true")
     packer.add_argument("--glob", action="append")
     packer.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
-    if args.action == "launch":
+    if args.action in ("launch", "start"):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
-            parser.error("launch needs a command after --")
-        return launch(args.node_dir, args.shared_dir, args.node, command, args.mark_start)
+            parser.error(f"{args.action} needs a command after --")
+        if args.action == "start":
+            return start(args, command)
+        return _launch_from(args, command)
+    if args.action == "collect" and args.since and not (args.work_dir and args.checkpoints and args.metrics):
+        parser.error("collect --since (the master's part) needs --work-dir, --checkpoints and --metrics")
     actions = {
         "poll": poll,
         "stop": stop,

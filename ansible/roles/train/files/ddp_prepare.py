@@ -11,9 +11,12 @@ problems are the answer. What SPEC_JSON may hold (train role, tasks/preflight.ym
     venv                                         host runtime: its torch is the job's
     image, program_in_image                      docker runtime: the image must be here (and hold the program)
     required_files                               paths that must exist on this node (torchrun, the program)
-    run_node_dir                                 made for this node's part of the run
+    config_check                                 the master: a command that prints the program's resolved
+                                                 config (--print-config) or refuses it, exiting non-zero
+    run_node_dir                                 made for this node's part of the run: it must be new
     rendezvous {port, timeout, peers | master_addr}
     master_dirs                                  made by the master before any peer looks (job directories)
+    fresh_dirs                                   the master: this run's own directories, which must be new
     writable_dirs                                each node writes and removes a marker there
     shared_dir, run_id                           with several nodes: every peer must see the master's marker
 
@@ -77,11 +80,33 @@ def check_runtime(spec: dict[str, Any], report: dict[str, Any]) -> list[str]:
     missing = [path for path in spec.get("required_files", []) if not Path(path).exists()]
     if missing:
         problems.append(f"host {node} lacks {', '.join(missing)} (see train_venv, train_program, train_config).")
+    elif spec.get("config_check") and not problems:
+        problems += check_config(node, spec["config_check"])
     return problems
 
 
+def check_config(node: str, argv: list[str]) -> list[str]:
+    """The program's own verdict on its config: a typo fails here, naming the key, before any node starts."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return []
+    said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    reason = next((line for line in said if "config error" in line), " | ".join(said[-3:]) or f"exit {done.returncode}")
+    return [f"the training program refuses its config on {node} (train_program_args): {reason.strip()}"]
+
+
+def reused(spec: dict[str, Any], directory: str) -> str:
+    return (
+        f"run id {spec['run_id']} was used before: {directory} exists on {spec['node']}, and a reused id would mix "
+        "two runs' files. Leave train_run_id empty for a fresh one."
+    )
+
+
 def make_dirs(spec: dict[str, Any]) -> list[str]:
-    """The master makes the job's directories on shared storage, as the job's user."""
+    """The master makes the job's directories on shared storage, as the job's user; this run's own must be new."""
+    taken = [directory for directory in spec.get("fresh_dirs", []) if Path(directory).exists()]
+    if taken:
+        return [reused(spec, taken[0])]
     for directory in spec.get("master_dirs", []):
         try:
             Path(directory).mkdir(parents=True, exist_ok=True)
@@ -173,7 +198,10 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"kind": REPORT, "uid": os.getuid(), "gid": os.getgid(), "torch": None, "image_id": None}
     problems = check_runtime(spec, report)
     if spec.get("run_node_dir"):
-        Path(spec["run_node_dir"]).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(spec["run_node_dir"]).mkdir(parents=True)
+        except FileExistsError:
+            problems.append(reused(spec, spec["run_node_dir"]))
     rendezvous = spec.get("rendezvous")
     if rendezvous is None:  # the runtime alone (make doctor)
         report["problems"] = problems
