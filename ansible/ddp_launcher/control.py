@@ -226,7 +226,8 @@ class StatusPrinter:
 
 def print_status(run: Run, printer: StatusPrinter) -> None:
     print(f"run {run.run_id} (job {run.record.get('job')}), started {run.started}, {duration(_elapsed(run.record))}")
-    job = next((report.get("job") for report in printer.reports.values()), "unknown")
+    ended = run.record.get("status") if run.record.get("ended") else "unknown"
+    job = next((report.get("job") for report in printer.reports.values()), ended)
     print(f"  job: {job}")
     for node, report in sorted(printer.reports.items()):
         age = report.get("heartbeat_age_s")
@@ -247,12 +248,20 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
 
 def status(run: Run) -> int:
     printer = StatusPrinter()
+    if run.record.get("ended"):
+        # Judged and collected once, when it ended: its record says how it went. The nodes are not asked again,
+        # and nothing is collected twice (a newer run of the job would lend this one its files).
+        print_status(run, printer)
+        return 0
     runner = act(run, "status", printer)
     print_status(find_run(run.run_id, run.directory.parent), printer)
     return runner.rc
 
 
 def stop(run: Run) -> int:
+    if run.record.get("ended"):
+        print(f"run {run.run_id} already ended ({run.status}, {run.record['ended']}): nothing to stop")
+        return 0
     started = time.monotonic()
     printer = StatusPrinter()
     runner = act(run, "stop", printer, train_stop_requested=True)

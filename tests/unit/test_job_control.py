@@ -76,6 +76,15 @@ def test_detached_run_status_logs_stop_and_runs():
     assert f"run {run_id}: cancelled" in stopped.stdout
     assert processes_of(run_id) == ""
     assert run_record(run_id)["status"] == "cancelled"
+    # An ended run is read from its record: not collected again (a newer run's files would land in its folder),
+    # its end not rewritten, nothing signalled.
+    ended = run_record(run_id)["ended"]
+    manifest = (ARTIFACTS / run_id / "MANIFEST.sha256").stat().st_mtime_ns
+    again = make("status", f"RUN={run_id}")
+    assert "job: cancelled" in again.stdout and f"run {run_id}: cancelled" in again.stdout, again.stdout
+    assert "already ended (cancelled" in make("stop", f"RUN={run_id}").stdout
+    assert run_record(run_id)["ended"] == ended
+    assert (ARTIFACTS / run_id / "MANIFEST.sha256").stat().st_mtime_ns == manifest
     # Following the log of a run that ended prints all of it, up to torchrun's stop, and returns.
     followed = make("logs", f"RUN={run_id}", "FOLLOW=1", timeout=60)
     assert "[localhost] step " in followed.stdout

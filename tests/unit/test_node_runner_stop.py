@@ -142,3 +142,21 @@ def test_the_search_for_the_jobs_processes_goes_on_past_those_it_cannot_read(tmp
             assert ddp_node._job_processes(node_dir) == [rank.pid]
         finally:
             rank.kill()
+
+
+def test_a_stop_after_the_job_exited_signals_no_recorded_group(tmp_path):
+    """Once the exit is recorded the group id is free for reuse: a later stop must not signal whoever has it."""
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    with launcher(node_dir, shared, ["true"]) as process:
+        assert process.wait(timeout=20) == 0
+    assert (node_dir / "exit").read_text() == "0\n"
+    # Another program now leads a group whose id the run recorded.
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        (node_dir / "pgid").write_text(f"{stranger.pid}\n")
+        stop = run_runner("stop", "--node-dir", str(node_dir), "--grace", "1")
+        assert (stop.returncode, json.loads(stop.stdout)) == (0, {"stopped": False, "left_running": False})
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()

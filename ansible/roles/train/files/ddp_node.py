@@ -396,7 +396,9 @@ def read_log(args: argparse.Namespace) -> int:
 
 
 def stop(args: argparse.Namespace) -> int:
-    pgid = _read_int(args.node_dir / "pgid")
+    # Once the job's exit is recorded its process group is gone, and its id may belong to someone else by now:
+    # only processes that carry the job's tag are the job's.
+    pgid = None if (args.node_dir / "exit").exists() else _read_int(args.node_dir / "pgid")
     (args.node_dir / "stopping").touch()
     if args.container:
         subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
@@ -407,7 +409,7 @@ def stop(args: argparse.Namespace) -> int:
             _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + args.grace
         while _job_alive(args.node_dir, pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)  # pragma: no mutate (a polling pace: slower or busy, the same outcome)
+            time.sleep(0.05)  # pragma: no mutate (a polling pace: slower or busy, the same outcome)
         if _job_alive(args.node_dir, pgid):
             _kill_job(args.node_dir, pgid, signal.SIGTERM)
             time.sleep(1)
