@@ -4,7 +4,7 @@
         Merges FIELDS_JSON into RUN_DIR/run.json (made, with its version, when absent); atomic. --code (at
         launch): the shipped code's record, written to code.json.
     python -m ddp_launcher.artifacts finish RUN_DIR --outcome JSON
-        After collection: unpacks each node's collected-NODE.tar: its log into logs/NODE/, and the master's
+        After collection: unpacks each node's collected/NODE/collected.tar: its log into logs/NODE/, and the master's
         checkpoints/, metrics/ and work/ (regular files and directories only, nothing elsewhere), writes
         MANIFEST.sha256, the outcome and the program's summary into
         run.json, and report.html; prints how the run went.
@@ -17,6 +17,7 @@ Standard library only, apart from the report's plotting, which loads when it is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -59,15 +60,15 @@ def record(run_dir: Path, fields: dict[str, Any], code: dict[str, Any] | None = 
 
 
 def unpack_collected(run_dir: Path) -> list[str]:
-    """Unpacks each node's collected-NODE.tar into the run's directory, then removes it.
+    """Unpacks each node's collected/NODE/collected.tar into the run's directory, then removes it.
 
     tarfile's data filter refuses links out, absolute and ../ paths and device files, and drops the node's owner.
     A node's archive may hold its own logs/NODE/ and checkpoints/, metrics/ and work/: anything else (another
     node's log, run.json), or more than COLLECTED_MAX_BYTES in all, is refused.
     """
     unpacked: list[str] = []
-    for archive in sorted(run_dir.glob("collected-*.tar")):
-        node = archive.name[len("collected-") : -len(".tar")]
+    for archive in sorted(run_dir.glob("collected/*/collected.tar")):
+        node = archive.parent.name
         allowed = [*sorted(COLLECTED_DIRS), f"logs/{node}"]
         with tarfile.open(archive) as tar:
             members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
@@ -78,7 +79,10 @@ def unpack_collected(run_dir: Path) -> list[str]:
                 raise ValueError(f"{archive} unpacks to more than {COLLECTED_MAX_BYTES} bytes: refused")
             tar.extractall(run_dir, members=members, filter="data")
         archive.unlink()
+        archive.parent.rmdir()
         unpacked += [member.name for member in members if member.isfile()]
+    with contextlib.suppress(OSError):  # gone once every archive is unpacked
+        (run_dir / "collected").rmdir()
     return unpacked
 
 

@@ -19,8 +19,8 @@ def collected(
     run_dir: Path, members: dict[str, bytes], links: dict[str, str] | None = None, node: str = "node0"
 ) -> None:
     """A node's archive, as the node runner's collect writes it and the play fetches it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(run_dir / f"collected-{node}.tar", "w") as tar:
+    (run_dir / "collected" / node).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(run_dir / "collected" / node / "collected.tar", "w") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size, info.uid, info.mode = len(data), 4242, 0o600
@@ -39,7 +39,7 @@ def test_the_collected_archive_lands_in_its_three_directories_owned_by_the_contr
         "metrics/summary.json",
         "work/sub/.hidden",
     ]
-    assert not (run_dir / "collected-node0.tar").exists()
+    assert not (run_dir / "collected").exists()
     written = run_dir / "work/sub/.hidden"
     assert written.read_bytes() == b"w"
     assert written.stat().st_uid == os.getuid()  # not the node's 4242
@@ -71,7 +71,7 @@ def test_each_node_s_archive_brings_its_own_log(tmp_path):
         "metrics/m.jsonl",
     ]
     assert (run_dir / "logs/node1/node.log").read_bytes() == b"peer"
-    assert list(run_dir.glob("*.tar")) == []
+    assert not (run_dir / "collected").exists()
 
 
 def test_links_in_the_archive_are_left_out(tmp_path):

@@ -53,7 +53,7 @@ def case_inventory(tmp_path: Path, hosts: dict | None = None, groups: dict | Non
     """The baseline inventory (node0 serves NFS, node1 mounts it, both train) with a case's overrides: host
     variables (a new host name adds a local host), group memberships (None drops the group), group_vars.
     Fake trees with one NVIDIA GPU lie at <inventory>/dev and <inventory>/pci (its HDMI audio function beside it),
-    for preflight_device_dir and preflight_pci_devices_dir."""
+    for train_dev_path and train_pci_devices_path."""
     inventory = tmp_path / "inventory"
     (inventory / "dev").mkdir(parents=True)
     (inventory / "dev" / "nvidia0").touch()
@@ -101,11 +101,11 @@ CASES = {
         ["train_nproc_per_node=8 on node1 is more than its 4 GPU(s) (gpu_count)"],
     ),
     "nproc_per_node above the node's GPUs": (
-        {"hosts": {"node1": {"train_nproc_per_node": 2, "preflight_device_dir": "{{ inventory_dir }}/dev"}}},
+        {"hosts": {"node1": {"train_nproc_per_node": 2, "train_dev_path": "{{ inventory_dir }}/dev"}}},
         ["train_nproc_per_node=2 on node1 is more than its 1 GPU(s) (device nodes)"],
     ),
     "a node short of its inventory's gpu_count": (
-        {"hosts": {"node1": {"gpu_count": 2, "preflight_pci_devices_dir": "{{ inventory_dir }}/pci"}}},
+        {"hosts": {"node1": {"gpu_count": 2, "train_pci_devices_path": "{{ inventory_dir }}/pci"}}},
         ["gpu_count=2 in the inventory for node1, but it has 1 NVIDIA GPU(s) on PCI"],
     ),
     "rendezvous port out of range": (

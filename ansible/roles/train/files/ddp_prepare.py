@@ -3,7 +3,8 @@
 
     ddp_prepare.py SPEC_JSON
 
-Prints one JSON object {"kind": "ddp_node.prepare/1", "problems": [...], "uid", "gid", "torch", "image_id"};
+Prints one JSON object {"kind": "ddp_node.prepare/1", "problems": [...], "uid", "gid", "python", "torch",
+"image_id"} (python: the node's python3, which Ansible runs);
 the play fails on the first node with problems, before anything starts. Always exits 0 unless it crashes: the
 problems are the answer. What SPEC_JSON may hold (train role, tasks/preflight.yml):
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -195,7 +197,14 @@ def reach_rendezvous(spec: dict[str, Any], deadline: float) -> tuple[socket.sock
 
 
 def prepare(spec: dict[str, Any]) -> dict[str, Any]:
-    report: dict[str, Any] = {"kind": REPORT, "uid": os.getuid(), "gid": os.getgid(), "torch": None, "image_id": None}
+    report: dict[str, Any] = {
+        "kind": REPORT,
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "python": platform.python_version(),
+        "torch": None,
+        "image_id": None,
+    }
     problems = check_runtime(spec, report)
     if spec.get("run_node_dir"):
         try:
