@@ -57,6 +57,11 @@ def test_own_script_ships_runs_in_the_shared_work_dir_and_resumes_from_its_snaps
     assert re.search(r"^  packed 3 files, [0-9.]+ kB, sha256 [0-9a-f]{12}$", first.stdout, re.MULTILINE), first.stdout
     assert f"  run {run_id}: succeeded\n  no summary.json in the run's DDP_OUTPUT_DIR" in first.stdout, first.stdout
 
+    # The shipped code is the job user's alone: no file or directory of it is open to group or others.
+    shipped = ROOT / "runs" / "ddp" / job / "code" / run_id
+    modes = {path.name or ".": path.stat().st_mode & 0o077 for path in [shipped, *shipped.rglob("*")]}
+    assert modes == dict.fromkeys(modes, 0), modes
+
     snapshot = ROOT / "runs" / "ddp" / job / "work" / "snapshot.pt"
     assert snapshot.is_file(), "the relative snapshot.pt is not in the job's shared work dir"
     collected = ROOT / "artifacts" / run_id
