@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs one node's part of a training job and reports on it; copied to every node by train.yml.
+"""Runs one node's part of a training job and reports on it; the train role runs it on every node.
 
     ddp_node.py launch --node-dir D --shared-dir S --node NAME [--mark-start FILE] [--timeout T] -- COMMAND...
         Stamps FILE (the master: the run's start, for collect), then runs COMMAND (torchrun or `docker run ...
@@ -116,7 +116,7 @@ def launch(
 
     beater = threading.Thread(target=beat, daemon=True)  # pragma: no mutate (joined below, unless interrupted)
     beater.start()
-    # A stop from Ansible (or the async timeout) reaches this process: pass it on to the job's group.
+    # A stop (ddp_node.py stop, or a signal to this supervisor) reaches this process: pass it on to the job's group.
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(child.pid, signal.SIGTERM))
     timed_out = False
     try:
