@@ -100,6 +100,11 @@ class Run:
     def started(self) -> str:
         return self.record.get("started", "")
 
+    @property
+    def ended(self) -> bool:
+        """Judged and collected once, when it ended: its record says how it went."""
+        return bool(self.record.get("ended"))
+
 
 def all_runs(artifacts: Path = ARTIFACTS) -> list[Run]:
     """Every run under artifacts/, oldest first (runs without run.json, refused before launch, by name)."""
@@ -226,8 +231,7 @@ class StatusPrinter:
 
 def print_status(run: Run, printer: StatusPrinter) -> None:
     print(f"run {run.run_id} (job {run.record.get('job')}), started {run.started}, {duration(_elapsed(run.record))}")
-    ended = run.record.get("status") if run.record.get("ended") else "unknown"
-    job = next((report.get("job") for report in printer.reports.values()), ended)
+    job = next((report.get("job") for report in printer.reports.values()), run.status if run.ended else "unknown")
     print(f"  job: {job}")
     for node, report in sorted(printer.reports.items()):
         age = report.get("heartbeat_age_s")
@@ -248,9 +252,9 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
 
 def status(run: Run) -> int:
     printer = StatusPrinter()
-    if run.record.get("ended"):
-        # Judged and collected once, when it ended: its record says how it went. The nodes are not asked again,
-        # and nothing is collected twice (a newer run of the job would lend this one its files).
+    if run.ended:
+        # The nodes are not asked again, and nothing is collected twice (a newer run of the job would lend this
+        # one its files).
         print_status(run, printer)
         return 0
     runner = act(run, "status", printer)
@@ -259,7 +263,7 @@ def status(run: Run) -> int:
 
 
 def stop(run: Run) -> int:
-    if run.record.get("ended"):
+    if run.ended:
         print(f"run {run.run_id} already ended ({run.status}, {run.record['ended']}): nothing to stop")
         return 0
     started = time.monotonic()
