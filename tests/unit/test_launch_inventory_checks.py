@@ -61,6 +61,11 @@ CASES = {
         },
         "rendezvous_port=50500 is also inside firewall_data_port_range_start-end (50000-51999)",
     ),
+    "a cluster address that is no address": (
+        GOOD_GROUPS,
+        {"cluster_address": "127.0.0.1 $(id)"},
+        "cluster_address=127.0.0.1 $(id) on localhost: not an IP address",
+    ),
     "NCCL_SOCKET_IFNAME names an interface the node lacks": (
         GOOD_GROUPS,
         {"train_env": {"NCCL_SOCKET_IFNAME": "ib9"}},
@@ -80,3 +85,32 @@ def test_bad_inventory_refused_before_launch(tmp_path, playbook, case):
     assert not (tmp_path / "node").exists()
     assert not (tmp_path / "shared").exists()
     assert not run.started_any_of("train/tasks/run.yml"), sorted(run.started_task_files())
+
+
+def test_a_node_dir_another_account_could_change_is_refused_on_the_node(tmp_path, playbook):
+    """A world-writable parent without the sticky bit lets anyone swap the run's directory: refused on the node,
+    and nothing is made under it."""
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    inventory = local_inventory(tmp_path, GOOD_GROUPS, {"train_node_dir": str(loose / "node")})
+    run = playbook("ansible/playbooks/train.yml", inventory)
+    assert run.rc != 0, run.output[-2000:]
+    assert f"train_node_dir {loose}/node on localhost is not private to root: {loose} (uid 0, mode 777)" in run.output
+    assert list(loose.iterdir()) == []
+    assert not (tmp_path / "shared").exists()
+    assert not run.started_any_of("train/tasks/run.yml")
+
+
+def test_a_shared_dir_that_links_into_a_system_tree_is_refused_on_the_node(tmp_path, playbook):
+    """/data written in the inventory but a link into a system tree is judged by where it leads. /proc is the tree:
+    nothing could be made there even if the check let it through."""
+    data = tmp_path / "data"
+    data.symlink_to("/proc/self")
+    inventory = local_inventory(tmp_path, GOOD_GROUPS, {"shared_dir": str(data)})
+    run = playbook("ansible/playbooks/train.yml", inventory)
+    assert run.rc != 0, run.output[-2000:]
+    assert f"train_shared_dir={data} on localhost resolves to /proc/" in run.output
+    assert "a system directory" in run.output
+    assert not (tmp_path / "node").exists()
+    assert not run.started_any_of("train/tasks/run.yml")

@@ -275,6 +275,22 @@ def test_a_peer_packs_its_own_log_alone_and_a_linked_log_is_left_out(tmp_path, c
     assert packed(tmp_path) == []
 
 
+def test_a_link_the_job_left_where_the_archive_goes_is_replaced_not_followed(tmp_path, capsys):
+    # The fetch that reads the archive next runs as the connecting user (root on the lab): a link there would
+    # hand it whatever the link names.
+    target = tmp_path / "not-the-job-s.txt"
+    target.write_text("kept")
+    (tmp_path / "collected.tar").symlink_to(target)
+    log = tmp_path / "node/node.log"
+    stamp(log, 1000)
+    args = ["collect", "--out", str(tmp_path / "collected.tar"), "--node", "node1", "--log", str(log)]
+    assert ddp_node.main(args) == 0
+    assert not (tmp_path / "collected.tar").is_symlink()
+    assert packed(tmp_path) == ["logs/node1/node.log"]
+    assert target.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["collected.tar", "node", "not-the-job-s.txt"]
+
+
 def test_the_master_s_part_of_collect_needs_all_its_directories(tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         ddp_node.main(["collect", "--out", str(tmp_path / "c.tar"), "--since", str(tmp_path / "started")])

@@ -2,6 +2,7 @@
 per node, master and peers at once on loopback."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -235,3 +236,73 @@ def test_the_config_check_imports_no_torch():
     assert {"yaml", "ddp_train.cli", "ddp_train.config"} <= imported
     assert "torch" not in imported
     assert "run:\n  seed: 0\n" in done.stdout
+
+
+def test_loose_dirs_names_each_directory_another_account_could_change(tmp_path):
+    uid, gid = os.getuid(), os.getgid()
+    assert ddp_prepare.loose_dirs(str(tmp_path / "private" / "node"), uid, gid) == []
+    anyone = tmp_path / "anyone"
+    anyone.mkdir()
+    anyone.chmod(0o777)
+    assert ddp_prepare.loose_dirs(str(anyone / "node"), uid, gid) == [f"{anyone} (uid {uid}, mode 777)"]
+    # The sticky bit on a root-owned directory (/tmp) protects what others made in it; on the user's own it does
+    # not count: only root's sticky directories are trusted.
+    anyone.chmod(0o1777)
+    expected = [] if uid == 0 else [f"{anyone} (uid {uid}, mode 1777)"]
+    assert ddp_prepare.loose_dirs(str(anyone / "node"), uid, gid) == expected
+
+
+def test_loose_dirs_follows_links_to_where_they_lead(tmp_path):
+    uid, gid = os.getuid(), os.getgid()
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o757)
+    (loose / "node").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(loose / "node")
+    assert ddp_prepare.loose_dirs(str(link), uid, gid) == [f"{loose} (uid {uid}, mode 757)"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a directory another account's needs root")
+def test_loose_dirs_refuses_a_directory_another_account_owns(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    assert ddp_prepare.loose_dirs(str(theirs / "node"), 1000, 1000) == [f"{theirs} (uid 65534, mode 755)"]
+    # root's own and the job user's own directories are trusted, whoever the job user is.
+    assert ddp_prepare.loose_dirs(str(theirs / "node"), 65534, 65534) == []
+
+
+def test_a_loose_node_dir_or_a_shared_dir_in_a_system_tree_makes_nothing(tmp_path):
+    """Both are judged before anything is made: no run directory, no job directory on shared storage."""
+    port = free_port()
+    anyone = tmp_path / "anyone"
+    anyone.mkdir()
+    anyone.chmod(0o777)
+    link = tmp_path / "data"
+    link.symlink_to("/proc/self")
+    spec = node_spec(tmp_path, "node0", port, nnodes=1) | {
+        "node_dir": str(anyone / "node"),
+        "run_node_dir": str(anyone / "node" / "job-1"),
+        "shared_paths": {"train_shared_dir": str(link)},
+        "system_paths": {"dirs": ["/"], "trees": ["/proc"]},
+    }
+    problems = report_of(start(spec))["problems"]
+    assert problems[0].startswith(f"train_shared_dir={link} on node0 resolves to /proc/")
+    assert problems[1].startswith(f"train_node_dir {anyone}/node on node0 is not private to job: {anyone} (uid")
+    assert list(anyone.iterdir()) == []
+    assert not (tmp_path / "shared").exists()
+
+
+def test_the_job_s_directories_on_shared_storage_are_private_to_its_user(tmp_path):
+    port = free_port()
+    report = report_of(start(node_spec(tmp_path, "node0", port, nnodes=1)))
+    assert report["problems"] == []
+    made = [tmp_path / "shared", *(tmp_path / "shared").iterdir(), tmp_path / "nodes" / "node0"]
+    assert {path.name: oct(path.stat().st_mode & 0o777) for path in made} == {
+        "shared": "0o700",
+        "checkpoints": "0o700",
+        "output": "0o700",
+        "work": "0o700",
+        "node0": "0o700",
+    }

@@ -356,6 +356,12 @@ def shared_dir_problems(value: object, name: str, host: str = "") -> list[str]:
     return []
 
 
+def with_system_paths(spec: Mapping[str, object]) -> dict[str, object]:
+    """spec with system_paths {dirs, trees} added: for a check that must run on the node, after resolving links
+    there (the train role's preflight), the rule's lists as they are written here."""
+    return {**spec, "system_paths": {"dirs": sorted(SYSTEM_DIRS), "trees": list(SYSTEM_TREES)}}
+
+
 def nfs_option_problems(options: object, name: str, host: str = "", *, allow_weak: bool = False) -> list[str]:
     """Each entry must be one option (keyword or keyword=value, nothing that could end the option list); and,
     unless allow_weak, none of NFS_WEAK_OPTIONS, which give clients root's or another user's access."""
@@ -439,6 +445,7 @@ class FilterModule:
             "ddp_nproc_problems": nproc_problems,
             "ddp_path_problems": path_problems,
             "ddp_shared_dir_problems": shared_dir_problems,
+            "ddp_with_system_paths": with_system_paths,
             "ddp_nfs_option_problems": nfs_option_problems,
             "ddp_cluster_addresses": cluster_addresses,
             "ddp_duplicate_address_problems": duplicate_address_problems,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fnmatch
 import json
 import os
@@ -49,10 +50,11 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 HEARTBEAT_EVERY_S = 5.0  # pragma: no mutate (a pace: --stale-after, not this, decides what counts as silent)
 # The "kind" of the JSON that poll and read-log print: the launcher's contract module (ansible/ddp_launcher/
@@ -123,8 +125,7 @@ def launch(
         code = child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        with (node_dir / "node.log").open("a") as log:
-            log.write(f"ddp_node: the job ran past its time limit of {timeout_s:.0f} s and is stopped\n")
+        _note_in_log(node_dir, f"the job ran past its time limit of {timeout_s:.0f} s and is stopped")
         _signal_group(child.pid, signal.SIGTERM)
         try:
             code = child.wait(timeout=grace_s)
@@ -182,10 +183,18 @@ def _detach_stdio() -> None:  # pragma: no cover (runs in the detached process)
     os.close(devnull)
 
 
-def _record_no_start(node_dir: Path, status: Path, error: BaseException) -> None:  # pragma: no cover (detached)
+def _note_in_log(node_dir: Path, note: str) -> None:
+    """One line of the runner's own at the end of the node's log. Never through a link the job put there, and a
+    log the job took away costs the note, not the run's record."""
     with contextlib.suppress(OSError):
-        with (node_dir / "node.log").open("a") as log:
-            log.write(f"ddp_node: the job could not start: {error}\n")
+        handle = os.open(node_dir / "node.log", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(handle, "a") as log:
+            log.write(f"ddp_node: {note}\n")
+
+
+def _record_no_start(node_dir: Path, status: Path, error: BaseException) -> None:  # pragma: no cover (detached)
+    _note_in_log(node_dir, f"the job could not start: {error}")
+    with contextlib.suppress(OSError):
         _write_status(status, beat=-1, exit_code=COULD_NOT_START, ended=time.time(), slowest_write_s=0.0)
     with contextlib.suppress(OSError):
         (node_dir / "exit").write_text(f"{COULD_NOT_START}\n")
@@ -273,11 +282,21 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def _open_no_link(path: Path) -> BinaryIO:
+    """path opened for reading, never through a link: a file of the job's replaced by a link reads as missing."""
+    try:
+        return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FileNotFoundError(errno.ENOENT, "a link, not followed", str(path)) from None
+        raise
+
+
 def _tail_lines(path: Path, size: int) -> list[bytes] | None:
     """The non-empty lines of the file's last `size` bytes (files that grow for a whole run are read from
     their end), or None when there is no file yet."""
     try:
-        with path.open("rb") as f:
+        with _open_no_link(path) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - size))
             return [line for line in f.read().splitlines() if line.strip()]
@@ -384,7 +403,7 @@ def _heartbeat_age(status: Path, now: float) -> float | None:
 
 def read_log(args: argparse.Namespace) -> int:
     try:
-        with (args.node_dir / "node.log").open("rb") as log:
+        with _open_no_link(args.node_dir / "node.log") as log:
             log.seek(args.offset)
             data = log.read()
     except FileNotFoundError:
@@ -428,6 +447,8 @@ def changed_files(directory: Path, since: float, globs: list[str]) -> list[tuple
         rel = path.relative_to(directory)
         if path.is_symlink() or not path.is_file() or not any(fnmatch.fnmatch(str(rel), g) for g in globs):
             continue
+        if not os.access(path, os.R_OK):  # another account's file, linked in: not the job's to hand over
+            continue
         stat = path.stat()
         if stat.st_mtime > since:
             found.append((stat.st_mtime, rel, stat.st_size))
@@ -466,7 +487,10 @@ def collect(args: argparse.Namespace) -> int:
             work.append(rel)
             total += size
     metrics = _newer_files(args.metrics, ["*.json", "*.jsonl"], float("-inf")) if args.metrics else []
-    with tarfile.open(args.out, "w") as tar:
+    # Made under a fresh name and renamed over --out: a link the job left at --out is replaced, never followed, so
+    # the fetch that reads --out next reads this archive.
+    handle, part = tempfile.mkstemp(dir=args.out.parent, prefix=".collected-")
+    with os.fdopen(handle, "wb") as file, tarfile.open(fileobj=file, mode="w") as tar:
         if args.log and args.log.is_file() and not args.log.is_symlink():
             tar.add(args.log, arcname=f"logs/{args.node}/node.log", recursive=False)
         for path in checkpoints:
@@ -475,6 +499,7 @@ def collect(args: argparse.Namespace) -> int:
             tar.add(path, arcname=f"metrics/{path.name}", recursive=False)
         for rel in work:
             tar.add(args.work_dir / rel, arcname=f"work/{rel}", recursive=False)
+    Path(part).replace(args.out)
     report = {
         "checkpoints": [path.name for path in checkpoints],
         "metrics": [path.name for path in metrics],

@@ -14,7 +14,11 @@ problems are the answer. What SPEC_JSON may hold (train role, tasks/preflight.ym
     required_files                               paths that must exist on this node (torchrun, the program)
     config_check                                 the master: a command that prints the program's resolved
                                                  config (--print-config) or refuses it, exiting non-zero
-    run_node_dir                                 made for this node's part of the run: it must be new
+    node_dir, run_node_dir                       node_dir (train_node_dir) must be private to the job's user
+                                                 (see loose_dirs); run_node_dir, this node's part of the run
+                                                 inside it, must be new
+    system_paths {dirs, trees}, shared_paths     each of shared_paths {variable: path}, resolved here, must be
+                                                 none of system_paths' dirs and lie in none of its trees
     rendezvous {port, timeout, peers | master_addr}
     master_dirs                                  made by the master before any peer looks (job directories)
     fresh_dirs                                   the master: this run's own directories, which must be new
@@ -30,10 +34,12 @@ Standard library only: nodes need nothing but the python3 that Ansible already u
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -97,11 +103,74 @@ def check_config(node: str, argv: list[str]) -> list[str]:
     return [f"the training program refuses its config on {node} (train_program_args): {reason.strip()}"]
 
 
+def loose_dirs(path: str, uid: int, gid: int) -> list[str]:
+    """Each existing directory on the way to path, and path itself, that an account other than root and the job's
+    user could change, written "dir (uid U, mode M)". Checked both as written and with links resolved; a link
+    itself only needs a trusted owner. A root-owned world-writable directory with the sticky bit (/tmp) passes:
+    nobody else can rename or remove what the job's user made in it, so it is the next step's owner that counts."""
+    found: list[str] = []
+    for route in (Path(path), Path(os.path.realpath(path))):
+        for directory in [*reversed(route.parents), route]:
+            try:
+                info = os.lstat(directory)
+            except FileNotFoundError:
+                break  # the job's user makes the rest
+            mode, trusted_owner = info.st_mode, info.st_uid in (0, uid)
+            if stat.S_ISLNK(mode):
+                loose = not trusted_owner
+            else:
+                group_writable = mode & stat.S_IWGRP and info.st_gid not in (0, gid)
+                other_writable = mode & stat.S_IWOTH and not (mode & stat.S_ISVTX and info.st_uid == 0)
+                loose = not trusted_owner or bool(group_writable) or bool(other_writable)
+            entry = f"{directory} (uid {info.st_uid}, mode {stat.S_IMODE(mode):o})"
+            if loose and entry not in found:
+                found.append(entry)
+    return found
+
+
+def check_node_dir(spec: dict[str, Any]) -> list[str]:
+    """The node directory holds what the runner reads back (the log, the exit code, the pids to signal): an
+    account that can swap it could make the job's user read or signal what it chooses."""
+    loose = loose_dirs(spec["node_dir"], os.getuid(), os.getgid())
+    if not loose:
+        return []
+    return [
+        f"train_node_dir {spec['node_dir']} on {spec['node']} is not private to {spec['user']}: "
+        f"{', '.join(loose)} can be changed by another account, which could swap this run's files. Leave "
+        f"train_node_dir empty (a directory in {spec['user']}'s home) or name one that only root and "
+        f"{spec['user']} can write."
+    ]
+
+
+def check_shared_paths(spec: dict[str, Any]) -> list[str]:
+    """A path that is written as /data but is a link to /etc is /etc: the rule is applied to where it leads."""
+    dirs, trees = spec["system_paths"]["dirs"], spec["system_paths"]["trees"]
+    problems = []
+    for name, path in spec.get("shared_paths", {}).items():
+        real = os.path.realpath(path)
+        if real in dirs or any(real.startswith(tree + "/") for tree in trees):
+            problems.append(
+                f"{name}={path} on {spec['node']} resolves to {real}, a system directory: the job would write "
+                "its files there. Use a directory of its own, e.g. /data or /srv/ddp."
+            )
+    return problems
+
+
 def reused(spec: dict[str, Any], directory: str) -> str:
     return (
         f"run id {spec['run_id']} was used before: {directory} exists on {spec['node']}, and a reused id would mix "
         "two runs' files. Leave train_run_id empty for a fresh one."
     )
+
+
+def make_private(directory: Path) -> None:
+    """mkdir -p with every directory it makes 0700 (Path.mkdir gives only the last one its mode): what the job
+    keeps on shared storage is for its user alone."""
+    missing = [directory, *directory.parents]
+    for step in reversed(missing[: next(i for i, d in enumerate(missing) if d.exists())]):
+        step.mkdir(mode=0o700, exist_ok=True)
+    if not directory.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(directory))
 
 
 def make_dirs(spec: dict[str, Any]) -> list[str]:
@@ -111,7 +180,7 @@ def make_dirs(spec: dict[str, Any]) -> list[str]:
         return [reused(spec, taken[0])]
     for directory in spec.get("master_dirs", []):
         try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
+            make_private(Path(directory))
         except OSError as error:
             return [f"host {spec['node']} cannot create {directory} as user {spec['user']} ({error.strerror})."]
     return []
@@ -196,6 +265,18 @@ def reach_rendezvous(spec: dict[str, Any], deadline: float) -> tuple[socket.sock
     return None, [f"cannot reach the master's rendezvous port {where[0]}:{where[1]}: {error}"]
 
 
+def make_run_node_dir(spec: dict[str, Any]) -> list[str]:
+    """Private to the job's user: the log and the pids to signal are read back from here."""
+    try:
+        Path(spec["run_node_dir"]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(spec["run_node_dir"]).mkdir(mode=0o700)
+    except FileExistsError:
+        return [reused(spec, spec["run_node_dir"])]
+    except OSError as error:
+        return [f"host {spec['node']} cannot create {spec['run_node_dir']} as {spec['user']} ({error})."]
+    return []
+
+
 def prepare(spec: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "kind": REPORT,
@@ -205,21 +286,23 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
         "torch": None,
         "image_id": None,
     }
-    problems = check_runtime(spec, report)
-    if spec.get("run_node_dir"):
-        try:
-            Path(spec["run_node_dir"]).mkdir(parents=True)
-        except FileExistsError:
-            problems.append(reused(spec, spec["run_node_dir"]))
+    # Where the job's files would go is judged before anything is made there.
+    unsafe = (check_shared_paths(spec) if spec.get("shared_paths") else []) + (
+        check_node_dir(spec) if spec.get("node_dir") else []
+    )
+    problems = unsafe + check_runtime(spec, report)
+    if spec.get("run_node_dir") and not unsafe:
+        problems += make_run_node_dir(spec)
     rendezvous = spec.get("rendezvous")
     if rendezvous is None:  # the runtime alone (make doctor)
         report["problems"] = problems
         return report
     deadline = time.monotonic() + rendezvous["timeout"]
     if "master_addr" not in rendezvous:  # the master
-        problems += make_dirs(spec)
-        problems += check_writable(spec)
-        if "shared_dir" in spec:
+        if not unsafe:
+            problems += make_dirs(spec)
+            problems += check_writable(spec)
+        if "shared_dir" in spec and not unsafe:
             shared_marker(spec).write_text(spec["run_id"] + "\n")
         try:
             problems += serve_rendezvous(spec, deadline)
@@ -234,7 +317,8 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
                 connection.settimeout(max(0.1, deadline - time.monotonic()))
                 # Something other than this check holds the port when no greeting comes: the master says so.
                 if _greeted(connection):
-                    problems += check_writable(spec) + peer_sees_master(spec)
+                    if not unsafe:
+                        problems += check_writable(spec) + peer_sees_master(spec)
                     connection.sendall(b"1")
     report["problems"] = problems
     return report

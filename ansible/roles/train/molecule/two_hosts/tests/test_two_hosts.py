@@ -1,11 +1,14 @@
 """The two-host proof, run from the controller against the two test hosts that molecule created."""
 
+import hashlib
 import json
 import os
 import re
 import signal
 import subprocess
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from testhosts import container
@@ -82,6 +85,48 @@ def test_own_script_resumes_from_its_snapshot_on_shared_storage_on_every_node(tm
     assert set(logs) == set(NODES)
     for node, log in logs.items():
         assert "Resuming training from snapshot at epoch 4" in log, f"{node}:\n{log[-2000:]}"
+
+
+ADVERSARY = Path(__file__).parent / "adversary"
+SECRET = "/etc/ddp-adversary-secret"  # root's alone (0600), where a link can name it
+
+
+def tree_hashes(directory: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+def test_a_job_that_tries_to_reach_what_is_not_its_own_reaches_nothing(converge_run):
+    """Ansible connects as root and the job runs as the cluster user (adversary/attack.py says what it tries).
+    Nothing root does afterwards (the polls, collect, the fetch, a status of an older run) may hand it the
+    secret, and an older run's artifacts stay as they were."""
+    token = f"secret-{uuid.uuid4().hex}"
+    for node in NODES:
+        assert node_exec(node, "sh", "-c", f"umask 077 && echo {token} > {SECRET}").returncode == 0
+    earlier = tree_hashes(converge_run)
+    runner, run_dir = train(
+        train_job_name="adversary", train_workdir=str(ADVERSARY), train_program="attack.py", train_program_args=[SECRET]
+    )
+    assert runner.rc == 0, play_failure(runner.stdout.read())
+    reports = [json.loads(path.read_text()) for path in sorted((run_dir / "work").glob("attempts-*.json"))]
+    assert len(reports) == len(NODES), sorted((run_dir / "work").iterdir())
+    for attempts in reports:
+        assert attempts["uid"] != 0
+        assert attempts["read_secret"].startswith("refused"), attempts
+        assert [path for path, end in attempts["runners"].items() if "(uid 0)" in path and end == "done"] == []
+        assert attempts["signalled_others"] == [], attempts
+        assert attempts["links"]["work/leak (symlink)"] == "done", attempts  # so the collection met it
+    assert list((run_dir / "work").glob("*leak*")) == []
+    assert manifest_check(run_dir).returncode == 0
+    leaked = [path for path in ARTIFACTS.rglob("*") if path.is_file() and token.encode() in path.read_bytes()]
+    assert leaked == []
+
+    again = cli("status", "--run", converge_run.name)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert tree_hashes(converge_run) == earlier
 
 
 LONG_RUN = '{"train_steps": 100000, "train_resume": "never", "train_job_name": "%s"}'
