@@ -279,3 +279,21 @@ def test_weak_export_options_pass_when_the_inventory_says_so(tmp_path, playbook)
     options = {"nfs_server_export_options": ["rw", "sync", "no_root_squash"], "nfs_server_allow_weak_options": True}
     run = playbook("ansible/playbooks/preflight.yml", case_inventory(tmp_path, **options))
     assert run.rc == 0, run.output[-3000:]
+
+
+def test_a_shared_dir_that_links_into_a_system_tree_is_refused_on_the_node_by_both_nfs_roles(tmp_path, playbook):
+    """/data as written passes the preflight; where it leads is judged on the node, before the server hands it to
+    the cluster user or a client mounts over it. /proc is the tree: nothing could be changed there anyway, and
+    the storage stage runs in check mode besides."""
+    data = tmp_path / "data"
+    data.symlink_to("/proc/self")
+    server = playbook("ansible/playbooks/storage.yml", case_inventory(tmp_path, shared_dir=str(data)), "--check")
+    assert server.rc != 0, server.output[-3000:]
+    assert f"nfs_server: export {data} on node0 resolves to /proc/" in server.output, server.output[-3000:]
+    assert "Install the NFS" not in server.output
+    # The server alone (no client play runs after its failure): the client, against a server whose path is fine.
+    client_only = case_inventory(tmp_path / "client", hosts={"node1": {"nfs_client_mount_point": str(data)}})
+    client = playbook("ansible/playbooks/storage.yml", client_only, "--check", "--limit", "node1")
+    assert client.rc != 0, client.output[-3000:]
+    assert f"nfs_client: mount point {data} on node1 resolves to /proc/" in client.output, client.output[-3000:]
+    assert "Install the NFS" not in client.output
