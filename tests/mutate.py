@@ -69,6 +69,8 @@ TARGETS = {
         ),
         60,
     ),
+    # Master and peers as processes on loopback: about 8 s unmutated.
+    "ddp_prepare": Target("ansible/roles/train/files/ddp_prepare.py", ("tests/unit/test_node_prepare.py",), 60),
     "checkpoint": Target("train/ddp_train/checkpoint.py", ("tests/unit/test_checkpoint.py",), 60),
     # The data tests only (so every new one counts): the model tests in the same file cost seconds.
     "data": Target(

@@ -135,7 +135,7 @@ def test_a_checkpoint_directory_the_job_cannot_write_is_refused_before_launch(tm
 
 def test_shared_storage_that_stops_answering_fails_the_launch_and_stops_the_run():
     run_id = f"unit-hung-poll-{uuid.uuid4().hex[:8]}"
-    poll = f"ddp_node.py poll --node-dir \\S*/{run_id} "
+    poll = f"ddp_node.py .*poll --node-dir \\S*/{run_id} "
     done_event = threading.Event()
     frozen: set[str] = set()
 

@@ -388,3 +388,20 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails_saying_so(tmp_path):
         assert "ran past its time limit of 1 s" in (node_dir / "node.log").read_text()
     finally:
         end_leftovers(node_dir)
+
+
+def test_a_call_that_hangs_past_its_deadline_ends_naming_what_it_touches(tmp_path):
+    # A FIFO nobody writes to blocks the log's open for ever, as a hung hard NFS mount blocks any system call.
+    (tmp_path / "node").mkdir()
+    os.mkfifo(tmp_path / "node" / "node.log")
+    began = time.monotonic()
+    done = run_runner("--deadline", "1", "--touches", "/data", "read-log", "--node-dir", str(tmp_path / "node"))
+    assert done.returncode == ddp_node.DEADLINE_PASSED == 124
+    assert time.monotonic() - began < 20
+    error = json.loads(done.stdout)["error"]
+    assert error.startswith("ddp_node.py read-log on ")
+    where = error.split(" on ", 1)[1]
+    assert where.startswith(f"{os.uname().nodename} did not finish within 1 s; it reads and writes /data:")
+    # Without a deadline the same call waits: no limit is the default.
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_runner("read-log", "--node-dir", str(tmp_path / "node"), timeout_s=2)

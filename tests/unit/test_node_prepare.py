@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,16 @@ def test_the_job_s_directories_on_shared_storage_are_private_to_its_user(tmp_pat
         "work": "0o700",
         "node0": "0o700",
     }
+
+
+def test_a_preflight_that_hangs_past_its_deadline_answers_naming_what_it_touches(tmp_path):
+    spec = node_spec(tmp_path, "node0", free_port(), nnodes=1) | {"config_check": ["sleep", "60"], "deadline_s": 1}
+    began = time.monotonic()
+    problems = report_of(start(spec))["problems"]
+    assert time.monotonic() - began < 20
+    shared = tmp_path / "shared"
+    assert problems == [
+        f"the preflight on node0 did not finish within 1 s; it reads and writes {shared}/checkpoints, "
+        f"{shared}/output, {shared}/work as user job: is that mount hung there (NFS server down, or the firewall)? "
+        "Check with findmnt and ls on the node."
+    ]

@@ -127,3 +127,44 @@ def test_packing_refuses_a_tree_over_the_limit_naming_its_largest_file(tmp_path)
     with pytest.raises(pack.WorkdirError, match=r"over the limit .*weights\.bin"):
         pack.pack(tmp_path, tmp_path / "out", max_bytes=1000, ignore_files=[])
     assert not (tmp_path / "out").exists()
+
+
+def write_tree(src, files):
+    """Each relative path of files, created under src with its text."""
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+
+
+def test_an_ignore_file_in_a_subdirectory_applies_only_below_it(tmp_path):
+    pack = pack_module()
+    write_tree(
+        tmp_path, {"secret.env": "a\n", "sub/secret.env": "b\n", "sub/main.py": "\n", "sub/.ddpignore": "secret.env\n"}
+    )
+    files = pack.list_files(tmp_path, [".gitignore", ".ddpignore"])
+    assert [str(f) for f in files] == ["secret.env", "sub/.ddpignore", "sub/main.py"]
+
+
+def test_an_anchored_pattern_in_a_subdirectory_anchors_at_that_subdirectory(tmp_path):
+    pack = pack_module()
+    write_tree(tmp_path, {"sub/.gitignore": "/data\n", "sub/data/big.bin": "x\n", "sub/x/data/small.bin": "y\n"})
+    files = pack.list_files(tmp_path, [".gitignore", ".ddpignore"])
+    assert [str(f) for f in files] == ["sub/.gitignore", "sub/x/data/small.bin"]
+
+
+def test_a_deeper_negation_re_includes_what_the_root_ignored_but_not_inside_an_ignored_directory(tmp_path):
+    pack = pack_module()
+    write_tree(
+        tmp_path,
+        {
+            ".gitignore": "*.txt\nbuild/\n",
+            "top.txt": "\n",
+            "sub/.gitignore": "!keep.txt\n",
+            "sub/keep.txt": "\n",
+            "sub/other.txt": "\n",
+            "sub/build/keep.txt": "\n",
+        },
+    )
+    files = pack.list_files(tmp_path, [".gitignore", ".ddpignore"])
+    # The root's *.txt and build/ still apply inside sub/; as in git, sub/build/ being excluded wins over !keep.txt.
+    assert [str(f) for f in files] == [".gitignore", "sub/.gitignore", "sub/keep.txt"]

@@ -46,6 +46,7 @@ import errno
 import fnmatch
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -70,6 +71,8 @@ JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other progra
 WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
 # Exit code recorded for a command that could not even be started (the shell's "command not found").
 COULD_NOT_START = 127
+# This call's own exit, once --deadline has passed (the shell's code for a command killed by its timeout).
+DEADLINE_PASSED = 124
 
 
 def launch(
@@ -511,8 +514,28 @@ def collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watchdog(deadline_s: float, call: str, touches: str) -> None:
+    """Ends this process, naming what it waited on, once deadline_s have passed. A hard NFS mount whose server
+    stopped answering holds a system call for as long as it takes, and Ansible's own timeout would say only that
+    the task took too long."""
+
+    def expire() -> None:
+        time.sleep(deadline_s)
+        message = (
+            f"{call} on {platform.node()} did not finish within {deadline_s:.0f} s; it reads and writes {touches}: "
+            "is that mount hung there (NFS server down, or the firewall)? Check with findmnt and ls on the node."
+        )
+        print(json.dumps({"error": message}), flush=True)
+        print(message, file=sys.stderr, flush=True)
+        os._exit(DEADLINE_PASSED)
+
+    threading.Thread(target=expire, daemon=True).start()  # pragma: no mutate (daemon: it must not hold the exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deadline", type=float, default=0.0, help="seconds this call may take; 0: no limit")
+    parser.add_argument("--touches", default="shared storage", help="what the deadline's message names")
     sub = parser.add_subparsers(dest="action", required=True)
     for name in ("launch", "start", "poll", "stop"):
         p = sub.add_parser(name)
@@ -545,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     packer.add_argument("--glob", action="append")
     packer.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
+    # Not for launch and start, whose supervisor must not be forked from a process with a thread in it; start's
+    # own wait is bounded.
+    if args.deadline > 0 and args.action not in ("launch", "start"):
+        _watchdog(args.deadline, f"ddp_node.py {args.action}", args.touches)
     if args.action in ("launch", "start"):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:

@@ -24,6 +24,7 @@ problems are the answer. What SPEC_JSON may hold (train role, tasks/preflight.ym
     fresh_dirs                                   the master: this run's own directories, which must be new
     writable_dirs                                each node writes and removes a marker there
     shared_dir, run_id                           with several nodes: every peer must see the master's marker
+    deadline_s                                   the answer comes by then, naming what hung when it must
 
 The rendezvous connection orders the nodes: the master makes its directories and its marker, then listens; a
 peer that got through therefore finds them, checks them and answers one byte before the master tidies up.
@@ -42,6 +43,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -324,12 +326,34 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def watchdog(spec: dict[str, Any]) -> None:
+    """Answers with one problem, naming what the check waited on, once deadline_s have passed: a hard NFS mount
+    whose server stopped answering holds a system call for as long as it takes, and Ansible's own timeout would
+    say only that the task took too long."""
+
+    def expire() -> None:
+        time.sleep(spec["deadline_s"])
+        touched = ", ".join(dict.fromkeys(spec.get("writable_dirs", []) + spec.get("master_dirs", [])))
+        problem = (
+            f"the preflight on {spec['node']} did not finish within {spec['deadline_s']:.0f} s; it reads and writes "
+            f"{touched or 'its node directory'} as user {spec['user']}: is that mount hung there (NFS server down, or "
+            "the firewall)? Check with findmnt and ls on the node."
+        )
+        print(json.dumps({"kind": REPORT, "problems": [problem]}), flush=True)
+        os._exit(0)
+
+    threading.Thread(target=expire, daemon=True).start()  # pragma: no mutate (daemon: it must not hold the exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(prepare(json.loads(args[0]))))
+    spec = json.loads(args[0])
+    if spec.get("deadline_s"):
+        watchdog(spec)
+    print(json.dumps(prepare(spec)))
     return 0
 
 

@@ -8,20 +8,26 @@ import os
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathspec import GitIgnoreSpec
 
 DOCUMENTATION = r"""
 module: ddp_pack_workdir
 short_description: Pack a directory into a content-addressed tar.gz, honouring .gitignore and .ddpignore
 description:
-  - Lists the files under I(src) that the ignore files at its root do not exclude (gitignore syntax; C(.git/)
-    and C(__pycache__/) are always left out), refuses a tree larger than I(max_bytes) naming its largest files,
-    and writes C(<dest_dir>/<sha256>.tar.gz), where the SHA-256 covers every file's relative path and content.
+  - Lists the files under I(src) that its ignore files do not exclude, and refuses a tree larger than I(max_bytes)
+    naming its largest files. As in git, an ignore file in any directory applies below it, with patterns relative
+    to that directory, and a deeper file's patterns (C(!) negations included) override shallower ones; a file
+    inside an excluded directory cannot be re-included. C(.git/), C(__pycache__/) and C(*.pyc) are always left out.
+  - Writes C(<dest_dir>/<sha256>.tar.gz), where the SHA-256 covers every file's relative path and content.
   - Runs on the controller (delegate_to localhost). Needs the pathspec library, a dependency of the toolchain.
 options:
   src: {description: Directory to pack., type: path, required: true}
   dest_dir: {description: Directory for the archive., type: path, required: true}
   max_bytes: {description: Largest total size of the packed files., type: int, required: true}
-  ignore_files: {description: Ignore files read at the root of src., type: list, elements: str,
+  ignore_files: {description: Names of the ignore files read in every directory of src., type: list, elements: str,
                  default: [.gitignore, .ddpignore]}
 """
 
@@ -39,24 +45,54 @@ class WorkdirError(ValueError):
     """The directory cannot be shipped as it is."""
 
 
+# (directory relative to src, the spec of its ignore files), shallowest first.
+Chain = list[tuple[Path, "GitIgnoreSpec"]]
+
+
+def ignored(always: GitIgnoreSpec, chain: Chain, rel: Path, is_dir: bool) -> bool:
+    """Whether rel (relative to src) is left out, by ALWAYS_IGNORED or by the ignore files on its way down."""
+    slash = "/" if is_dir else ""  # lets a directory-only pattern (data/) match the directory itself
+    # Checked apart from the chain so that no user negation can ship a repository or bytecode.
+    if always.match_file(rel.as_posix() + slash):
+        return True
+    # The deepest file with a matching pattern decides, so that its negations re-include what a parent excluded;
+    # check_file reports a negation as include=False rather than as no match, which match_file would hide.
+    for base, spec in reversed(chain):
+        verdict = spec.check_file(rel.relative_to(base).as_posix() + slash).include
+        if verdict is not None:
+            return verdict
+    return False
+
+
 def list_files(src: Path, ignore_files: list[str]) -> list[Path]:
     """Relative paths of the files to ship, sorted."""
     from pathspec import GitIgnoreSpec  # imported here so that the module's documentation loads without it
 
     if not src.is_dir():
         raise WorkdirError(f"{src} is not a directory")
-    lines = list(ALWAYS_IGNORED)
-    for name in ignore_files:
-        ignore = src / name
-        if ignore.is_file():
-            lines += ignore.read_text().splitlines()
-    spec = GitIgnoreSpec.from_lines(lines)
+    always = GitIgnoreSpec.from_lines(ALWAYS_IGNORED)
+    chains: dict[Path, Chain] = {}
     files = []
     for root, dirs, names in os.walk(src):
         base = Path(root).relative_to(src)
-        # Pruning ignored directories keeps a large ignored tree (a dataset, a venv) from being walked at all.
-        dirs[:] = sorted(d for d in dirs if not spec.match_file(f"{base / d}/"))
-        files += [base / n for n in names if (Path(root) / n).is_file() and not spec.match_file(str(base / n))]
+        # Top-down walk: the parent's chain is already known, and this directory's own ignore files extend it.
+        chain = list(chains[base.parent]) if base != Path() else []
+        # A directory's ignore files act as one, read in the order named, so that a later one's negations win.
+        lines = [
+            line
+            for name in ignore_files
+            if (src / base / name).is_file()
+            for line in (src / base / name).read_text().splitlines()
+        ]
+        if lines:
+            chain.append((base, GitIgnoreSpec.from_lines(lines)))
+        chains[base] = chain
+        # Pruning ignored directories keeps a large ignored tree (a dataset, a venv) from being walked at all,
+        # and is what makes a file inside an excluded directory impossible to re-include, as in git.
+        dirs[:] = sorted(d for d in dirs if not ignored(always, chain, base / d, is_dir=True))
+        files += [
+            base / n for n in names if (src / base / n).is_file() and not ignored(always, chain, base / n, is_dir=False)
+        ]
     return sorted(files)
 
 
