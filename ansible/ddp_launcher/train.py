@@ -2,6 +2,7 @@
 
     ddp train [--inventory inventory/local] [--resume auto|never]
         [--program path/to/script.py [--args '5 1 --batch_size 32'] [--workdir DIR] [--job NAME]]
+        [--data PATH[:NAME]]
         [--extra-vars VARS ...]
 
 --program ships the controller's DIR (default: the program's directory) to shared storage and runs the
@@ -42,12 +43,15 @@ STAGES = {
     "train/tasks/preflight.yml": "preflight on every node",
     "train/tasks/preflight_node.yml": "checking each node: runtime, shared directories, rendezvous port",
     "train/tasks/ship.yml": "shipping the working directory to shared storage",
+    "train/tasks/sync_data.yml": "syncing the dataset to shared storage",
     "train/tasks/run.yml": "starting torchrun on every node",
     "train/tasks/stop.yml": "stopping the run everywhere",
     "train/tasks/collect.yml": "collecting checkpoints, metrics and logs",
 }
 # The module that packs train_workdir on the controller; its result says what was packed.
 PACK_MODULE = "ddp_pack_workdir"
+# The module that packs a dataset's changes; its result says what moves.
+DATA_MODULE = "ddp_pack_data"
 
 
 def stage_of(task_path: str | None) -> str | None:
@@ -64,6 +68,19 @@ def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
             return f"  [{host}] {report['output']}, elapsed {control.duration(elapsed_s)}"
         return f"  [{host}] {report.get('job', '?')}: waiting for the first step"
     return f"  [{host}] {control.progress_fields(report['metrics'])}, elapsed {control.duration(elapsed_s)}"
+
+
+def data_line(result: dict[str, Any]) -> str:
+    """What a dataset sync moves: files and bytes sent of the whole, and what leaves the shared copy."""
+    line = (
+        f"dataset: {result.get('files', 0)} files, {result.get('bytes', 0) / 1e6:.1f} MB; sending "
+        f"{result.get('sent_files', 0)} new or changed ({result.get('sent_bytes', 0) / 1e6:.1f} MB)"
+    )
+    if result.get("deleted"):
+        line += f", removing {result['deleted']} the controller no longer has"
+    if result.get("stale"):
+        line += f"; {result['stale']} only on shared storage kept (train_data_delete: true removes them)"
+    return line
 
 
 class Printer:
@@ -92,6 +109,8 @@ class Printer:
                 f"sha256 {str(result.get('sha256'))[:12]}",
                 flush=True,
             )
+        elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == DATA_MODULE:
+            print(f"  {data_line(result)}", flush=True)
         elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
             self.run_id = result["ansible_facts"]["train_run_id"]
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
@@ -124,6 +143,9 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     parser.add_argument("--args", default="", help="the program's arguments, split as a shell would")
     parser.add_argument("--workdir", type=Path, help="the directory shipped (default: the program's)")
     parser.add_argument("--job", help="job name (default: the workdir's name); its work dir persists across runs")
+    parser.add_argument(
+        "--data", metavar="PATH[:NAME]", help="a dataset directory, synced to <shared_dir>/data/NAME (DDP_DATA_DIR)"
+    )
     parser.add_argument("--detach", action="store_true", help="return once every node runs the job")
     parser.add_argument("--artifacts", type=Path, help="train_artifacts_dir (default: the inventory's)")
     parser.add_argument(
@@ -159,6 +181,15 @@ def program_vars(program: Path, args: str, workdir: Path | None, job: str | None
     return shipped | ({"train_program_args": shlex.split(args)} if args else {})
 
 
+def data_vars(data: str) -> dict[str, Any]:
+    """PATH[:NAME] as the playbook's variables: the directory, absolute, and its name on shared storage."""
+    path, _, name = data.partition(":")
+    directory = Path(path).expanduser().resolve()
+    if not directory.is_dir():
+        raise UsageError(f"DATA={data}: {directory} is not a directory")
+    return {"train_data_dir": str(directory), "train_data_name": name}
+
+
 def run_tag() -> str:
     """The unique part of a fresh run's id (train_run_tag): UTC time to the second, and four random hex digits
     that keep apart two launches of one job in the same second."""
@@ -179,6 +210,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     elif args.job:
         extravars["train_job_name"] = args.job
+    if args.data:
+        try:
+            extravars |= data_vars(args.data)
+        except UsageError as error:
+            print(f"make train: {error}", file=sys.stderr)
+            return 2
     artifacts = (args.artifacts or control.ARTIFACTS).resolve()
     if args.artifacts:
         extravars["train_artifacts_dir"] = str(artifacts)

@@ -129,6 +129,34 @@ def test_a_job_that_tries_to_reach_what_is_not_its_own_reaches_nothing(converge_
     assert tree_hashes(converge_run) == earlier
 
 
+COUNT_DATA = """import os, pathlib
+data = pathlib.Path(os.environ["DDP_DATA_DIR"])
+print("dataset holds:", ",".join(sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())))
+"""
+
+
+def test_a_dataset_reaches_shared_storage_as_the_job_s_and_every_node_reads_it(tmp_path):
+    dataset = tmp_path / "dataset"
+    (dataset / "sub").mkdir(parents=True)
+    (dataset / "a.bin").write_bytes(b"a" * 4096)
+    (dataset / "sub" / "b.txt").write_text("b")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "count.py").write_text(COUNT_DATA)
+    runner, run_dir = train(
+        train_job_name="data",
+        train_workdir=str(tmp_path / "code"),
+        train_program="count.py",
+        train_data_dir=str(dataset),
+        train_data_name="two-hosts-data",
+    )
+    assert runner.rc == 0, play_failure(runner.stdout.read())
+    for node, log in node_logs(run_dir).items():
+        assert "dataset holds: a.bin,sub/b.txt" in log, f"{node}:\n{log[-2000:]}"
+    owners = node_exec("train-node1", "stat", "-c", "%U %a %s", "/data/data/two-hosts-data/a.bin").stdout.split()
+    assert owners[0] != "root" and owners[2] == "4096", owners
+    assert json.loads((run_dir / "run.json").read_text())["data"]["sent_files"] == 2
+
+
 LONG_RUN = '{"train_steps": 100000, "train_resume": "never", "train_job_name": "%s"}'
 
 
