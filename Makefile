@@ -92,13 +92,13 @@ test: setup ## Everything CI runs: lint and unit beside the test-host builds, th
 clean-test-hosts: ## Remove every test run's test hosts, networks and shared directories left behind
 	molecule/cleanup.sh --all
 
-# PROGRAM, ARGS, WORKDIR, JOB, DATA and EXTRA_VARS reach the recipe through the environment (make exports what the
+# PROGRAM, ARGS, WORKDIR, JOB, DATA, REQUIREMENTS and EXTRA_VARS reach the recipe through the environment (make exports what the
 # command line sets), so that quotes, spaces and JSON in them arrive untouched.
-train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB DATA=dir[:name]]
+train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB DATA=dir[:name] REQUIREMENTS=f]
 	$(BIN)/ddp train --inventory "$(INVENTORY)" --resume "$(RESUME)" \
 	  $${PROGRAM:+--program "$$PROGRAM"} $${ARGS:+--args "$$ARGS"} $${WORKDIR:+--workdir "$$WORKDIR"} \
-	  $${JOB:+--job "$$JOB"} $${DATA:+--data "$$DATA"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"} \
-	  $(if $(filter 1 true yes,$(DETACH)),--detach)
+	  $${JOB:+--job "$$JOB"} $${DATA:+--data "$$DATA"} $${REQUIREMENTS:+--requirements "$$REQUIREMENTS"} \
+	  $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"} $(if $(filter 1 true yes,$(DETACH)),--detach)
 
 # A run under control from any terminal; RUN defaults to the newest run (make runs lists them).
 status: setup ## Each node's state, heartbeat age, the master's step/loss/throughput and ETA: [RUN=id]

@@ -13,6 +13,8 @@ from typing import Any
 # What ddp_node.py prints: its `poll` (job state, heartbeats, the master's newest metrics) and its `logs`.
 POLL_REPORT = "ddp_node.poll/1"
 LOG_REPORT = "ddp_node.log/1"
+# What files/ddp_env.py place prints: whether the job's environment was there already, or was put in place.
+ENV_REPORT = "ddp_env.place/1"
 # run.json's "version": raised when a field changes meaning or goes away (new fields keep it).
 RUN_RECORD_VERSION = 1
 

@@ -2,7 +2,7 @@
 
     ddp train [--inventory inventory/local] [--resume auto|never]
         [--program path/to/script.py [--args '5 1 --batch_size 32'] [--workdir DIR] [--job NAME]]
-        [--data PATH[:NAME]]
+        [--data PATH[:NAME]] [--requirements FILE]
         [--extra-vars VARS ...]
 
 --program ships the controller's DIR (default: the program's directory) to shared storage and runs the
@@ -31,7 +31,7 @@ from typing import Any
 
 from . import control
 from .artifacts import summary_lines
-from .contract import POLL_REPORT, task_report
+from .contract import ENV_REPORT, POLL_REPORT, task_report
 
 ROOT = control.ROOT
 PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
@@ -44,6 +44,7 @@ STAGES = {
     "train/tasks/preflight_node.yml": "checking each node: runtime, shared directories, rendezvous port",
     "train/tasks/ship.yml": "shipping the working directory to shared storage",
     "train/tasks/sync_data.yml": "syncing the dataset to shared storage",
+    "train/tasks/job_env.yml": "the job's Python environment (requirements)",
     "train/tasks/run.yml": "starting torchrun on every node",
     "train/tasks/stop.yml": "stopping the run everywhere",
     "train/tasks/collect.yml": "collecting checkpoints, metrics and logs",
@@ -52,6 +53,8 @@ STAGES = {
 PACK_MODULE = "ddp_pack_workdir"
 # The module that packs a dataset's changes; its result says what moves.
 DATA_MODULE = "ddp_pack_data"
+# The module that keys the job's environment and, on a miss, resolves it; its result names the packages.
+ENV_MODULE = "ddp_job_env"
 
 
 def stage_of(task_path: str | None) -> str | None:
@@ -68,6 +71,15 @@ def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
             return f"  [{host}] {report['output']}, elapsed {control.duration(elapsed_s)}"
         return f"  [{host}] {report.get('job', '?')}: waiting for the first step"
     return f"  [{host}] {control.progress_fields(report['metrics'])}, elapsed {control.duration(elapsed_s)}"
+
+
+def env_line(report: dict[str, Any], packages: list[str] | None) -> str:
+    """Whether the job's environment was reused or made, and what it adds to the runtime's."""
+    key = str(report["key"])[:12]
+    if report["found"]:
+        return f"environment {key}: reused from shared storage"
+    added = ", ".join(packages or []) or "nothing beyond the runtime's own"
+    return f"environment {key}: made for this key, adding {added}"
 
 
 def data_line(result: dict[str, Any]) -> str:
@@ -91,6 +103,7 @@ class Printer:
         self.last_progress: dict[str, str] = {}
         self.stages_seen: set[str] = set()
         self.started = time.monotonic()
+        self.env_packages: list[str] | None = None
 
     def __call__(self, event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
@@ -109,6 +122,11 @@ class Printer:
                 f"sha256 {str(result.get('sha256'))[:12]}",
                 flush=True,
             )
+        elif report := task_report(event, ENV_REPORT):
+            if report["found"] or report["placed"]:
+                print(f"  {env_line(report, self.env_packages)}", flush=True)
+        elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == ENV_MODULE:
+            self.env_packages = result.get("packages", self.env_packages)
         elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == DATA_MODULE:
             print(f"  {data_line(result)}", flush=True)
         elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
@@ -143,6 +161,7 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     parser.add_argument("--args", default="", help="the program's arguments, split as a shell would")
     parser.add_argument("--workdir", type=Path, help="the directory shipped (default: the program's)")
     parser.add_argument("--job", help="job name (default: the workdir's name); its work dir persists across runs")
+    parser.add_argument("--requirements", type=Path, help="the job's requirements file (default: WORKDIR's)")
     parser.add_argument(
         "--data", metavar="PATH[:NAME]", help="a dataset directory, synced to <shared_dir>/data/NAME (DDP_DATA_DIR)"
     )
@@ -196,26 +215,32 @@ def run_tag() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    args = parse_args(argv, prog)
+def launch_vars(args: argparse.Namespace) -> dict[str, Any]:
+    """The playbook variables the command line sets (UsageError: it cannot be run as written)."""
     extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach, "train_run_tag": run_tag()}
     if args.program:
-        try:
-            extravars |= program_vars(args.program, args.args, args.workdir, args.job)
-        except UsageError as error:
-            print(f"make train: {error}", file=sys.stderr)
-            return 2
+        extravars |= program_vars(args.program, args.args, args.workdir, args.job)
     elif args.args or args.workdir:
-        print("make train: ARGS and WORKDIR go with PROGRAM=path/to/script.py", file=sys.stderr)
-        return 2
+        raise UsageError("ARGS and WORKDIR go with PROGRAM=path/to/script.py")
     elif args.job:
         extravars["train_job_name"] = args.job
+    if args.requirements:
+        requirements = args.requirements.resolve()
+        if not requirements.is_file():
+            raise UsageError(f"REQUIREMENTS={args.requirements}: no such file")
+        extravars["train_requirements"] = str(requirements)
     if args.data:
-        try:
-            extravars |= data_vars(args.data)
-        except UsageError as error:
-            print(f"make train: {error}", file=sys.stderr)
-            return 2
+        extravars |= data_vars(args.data)
+    return extravars
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
+    try:
+        extravars = launch_vars(args)
+    except UsageError as error:
+        print(f"make train: {error}", file=sys.stderr)
+        return 2
     artifacts = (args.artifacts or control.ARTIFACTS).resolve()
     if args.artifacts:
         extravars["train_artifacts_dir"] = str(artifacts)

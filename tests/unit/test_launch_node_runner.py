@@ -402,6 +402,14 @@ def test_a_call_that_hangs_past_its_deadline_ends_naming_what_it_touches(tmp_pat
     assert error.startswith("ddp_node.py read-log on ")
     where = error.split(" on ", 1)[1]
     assert where.startswith(f"{os.uname().nodename} did not finish within 1 s; it reads and writes /data:")
+    # A link the job put in the log's place reads as an empty log, within a deadline far off.
+    (tmp_path / "node" / "node.log").unlink()
+    (tmp_path / "node" / "node.log").symlink_to("/etc/hostname")
+    linked = run_runner("--deadline", "60", "read-log", "--node-dir", str(tmp_path / "node"))
+    assert linked.returncode == 0, linked.stderr
+    assert json.loads(linked.stdout)["text"] == ""
+    (tmp_path / "node" / "node.log").unlink()
+    os.mkfifo(tmp_path / "node" / "node.log")
     # Without a deadline the same call waits: no limit is the default.
     with pytest.raises(subprocess.TimeoutExpired):
         run_runner("read-log", "--node-dir", str(tmp_path / "node"), timeout_s=2)

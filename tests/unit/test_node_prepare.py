@@ -3,6 +3,7 @@ per node, master and peers at once on loopback."""
 
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -319,4 +320,30 @@ def test_a_preflight_that_hangs_past_its_deadline_answers_naming_what_it_touches
         f"the preflight on node0 did not finish within 1 s; it reads and writes {shared}/checkpoints, "
         f"{shared}/output, {shared}/work as user job: is that mount hung there (NFS server down, or the firewall)? "
         "Check with findmnt and ls on the node."
+    ]
+
+
+def test_a_private_node_dir_and_a_shared_dir_of_its_own_pass_and_a_link_to_a_system_dir_does_not(tmp_path):
+    port = free_port()
+    (tmp_path / "data").mkdir()
+    spec = node_spec(tmp_path, "node0", port, nnodes=1) | {
+        "node_dir": str(tmp_path / "nodes" / "node0"),
+        "shared_paths": {"train_shared_dir": str(tmp_path / "data")},
+        "system_paths": {"dirs": ["/", "/var"], "trees": ["/proc"]},
+    }
+    # A deadline far off changes nothing, and the report says what runs here.
+    report = report_of(start(spec | {"deadline_s": 60}))
+    assert report["problems"] == []
+    assert (report["uid"], report["gid"]) == (os.getuid(), os.getgid())
+    assert report["python"] == platform.python_version() and report["machine"] == platform.machine()
+    assert report["torch"] is None and report["image_id"] is None  # no venv there, no image
+    (tmp_path / "root-link").symlink_to("/")
+    again = spec | {
+        "run_id": "job-2",
+        "run_node_dir": str(tmp_path / "nodes" / "node0" / "job-2"),
+        "shared_paths": {"train_shared_dir": str(tmp_path / "root-link")},
+    }
+    assert report_of(start(again))["problems"] == [
+        f"train_shared_dir={tmp_path}/root-link on node0 resolves to /, a system directory: the job would write its "
+        "files there. Use a directory of its own, e.g. /data or /srv/ddp."
     ]

@@ -3,8 +3,8 @@
 
     ddp_prepare.py SPEC_JSON
 
-Prints one JSON object {"kind": "ddp_node.prepare/1", "problems": [...], "uid", "gid", "python", "torch",
-"image_id"} (python: the node's python3, which Ansible runs);
+Prints one JSON object {"kind": "ddp_node.prepare/1", "problems": [...], "uid", "gid", "python", "machine", "glibc",
+"torch", "venv_python", "image_id"} (python: the node's python3, which Ansible runs; venv_python: the job's);
 the play fails on the first node with problems, before anything starts. Always exits 0 unless it crashes: the
 problems are the answer. What SPEC_JSON may hold (train role, tasks/preflight.yml):
 
@@ -60,6 +60,20 @@ def torch_in_venv(venv: str) -> str | None:
     return found[-1].name[len("torch-") : -len(".dist-info")] if found else None
 
 
+def venv_python(venv: str) -> str | None:
+    """The venv's python version, from its pyvenv.cfg: the job's python, which the node's python3 need not be."""
+    try:
+        lines = Path(venv, "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return None
+    found = [
+        line.split("=", 1)[1].strip()
+        for line in lines
+        if line.replace(" ", "").startswith(("version=", "version_info="))
+    ]
+    return found[0] if found else None
+
+
 def inspect_image(image: str) -> tuple[str | None, str | None]:
     """(image id, its ddp.torch label) or (None, None) when the image is not on this node."""
     fmt = '{{.Id}} {{index .Config.Labels "ddp.torch"}}'
@@ -87,6 +101,7 @@ def check_runtime(spec: dict[str, Any], report: dict[str, Any]) -> list[str]:
                 problems.append(f"the image {spec['image']} on {node} has no {inside} (train_program).")
     else:
         report["torch"] = torch_in_venv(spec["venv"]) if spec.get("venv") else None
+        report["venv_python"] = venv_python(spec["venv"]) if spec.get("venv") else None
     missing = [path for path in spec.get("required_files", []) if not Path(path).exists()]
     if missing:
         problems.append(f"host {node} lacks {', '.join(missing)} (see train_venv, train_program, train_config).")
@@ -285,6 +300,8 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
         "uid": os.getuid(),
         "gid": os.getgid(),
         "python": platform.python_version(),
+        "machine": platform.machine(),
+        "glibc": platform.libc_ver()[1],
         "torch": None,
         "image_id": None,
     }

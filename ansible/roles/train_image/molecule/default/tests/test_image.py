@@ -4,6 +4,7 @@ import json
 import subprocess
 
 import pytest
+from demo_wheels import demo_index
 from testhosts import container
 from train_run import (
     ROOT,
@@ -95,4 +96,32 @@ def test_a_code_change_runs_in_the_same_image(tmp_path):
         assert runner.rc == 0, play_failure(runner.stdout.read())
         for node, log in node_logs(run_dir).items():
             assert f"code version {version}" in log, f"{node} did not run version {version}:\n{log[-2000:]}"
+    assert {node: image_id("docker", "exec", container(node)) for node in NODES} == images
+
+
+ENV_PROGRAM = """import os, ddp_demo_dep, torch
+print("dep says", ddp_demo_dep.VALUE, "from", ddp_demo_dep.__file__, "with torch", torch.__version__)
+"""
+
+
+def test_requirements_reach_the_job_inside_the_image_without_a_rebuild(tmp_path):
+    """The environment is built once on shared storage with the image's own pip, and mounted where the job runs."""
+    images = {node: image_id("docker", "exec", container(node)) for node in NODES}
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "main.py").write_text(ENV_PROGRAM)
+    (code / "requirements.txt").write_text("ddp-demo-dep==1.0\n")
+    runner, run_dir = train(
+        train_job_name="env-docker",
+        train_workdir=str(code),
+        train_program="main.py",
+        train_index_options=["--no-index", "--find-links", str(demo_index(tmp_path / "wheels"))],
+    )
+    assert runner.rc == 0, play_failure(runner.stdout.read())
+    torch_inside = json.loads(
+        node_exec(NODES[0], "docker", "image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE).stdout
+    )
+    for node, log in node_logs(run_dir).items():
+        assert "dep says 1.0 from /data/ddp/envs/" in log, f"{node}:\n{log[-2000:]}"
+        assert f"with torch {torch_inside['ddp.torch']}" in log, f"{node}:\n{log[-2000:]}"
     assert {node: image_id("docker", "exec", container(node)) for node in NODES} == images

@@ -1,0 +1,120 @@
+"""The job's own requirements through `make train` on inventory/local: an environment on shared storage, built
+once per key from wheels the controller resolved for the nodes, reused by the next run, and a requirement that
+would replace the runtime's torch refused before anything is shipped. Offline: the wheels are made here and
+found through train_index_options, as a site without a package index would set it."""
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from _make import ROOT, make_train, node_log
+from _modules import load
+
+ddp_job_env = load("ddp_job_env", ROOT / "ansible/roles/train/library/ddp_job_env.py")
+demo_wheels = load("demo_wheels", ROOT / "molecule/shared/demo_wheels.py")
+
+PROGRAM = """import os, ddp_demo_dep, torch
+if os.environ["RANK"] == "0":
+    print("dep says", ddp_demo_dep.VALUE, "from", ddp_demo_dep.__file__, "with torch", torch.__version__)
+"""
+
+
+@pytest.fixture
+def index(tmp_path) -> Path:
+    return demo_wheels.demo_index(tmp_path / "wheels")
+
+
+def launch(tmp_path: Path, index: Path, requirements: str) -> tuple:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "main.py").write_text(PROGRAM)
+    # A comment of its own: this test's key is new whatever earlier runs left on shared storage.
+    (code / "requirements.txt").write_text(f"# {uuid.uuid4().hex}\n{requirements}\n")
+    offline = {"train_index_options": ["--no-index", "--find-links", str(index)]}
+    return make_train(f"PROGRAM={code}/main.py", "JOB=unit-env", f"EXTRA_VARS={json.dumps(offline)}")
+
+
+@pytest.mark.slow
+def test_requirements_make_an_environment_once_and_the_next_run_reuses_it(tmp_path, index):
+    first, run_id = launch(tmp_path, index, "ddp-demo-dep==1.0")
+    assert first.returncode == 0, first.stdout + first.stderr
+    built = [line for line in first.stdout.splitlines() if line.startswith("  environment ")]
+    assert len(built) == 1 and built[0].endswith("adding ddp-demo-dep==1.0, ddp-demo-leaf==1.2"), first.stdout
+    key = built[0].split()[1].rstrip(":")
+    import torch
+
+    log = node_log(run_id)
+    assert f"dep says 1.0 from {ROOT}/runs/ddp/envs/{key}" in log, log
+    assert f"with torch {torch.__version__}" in log  # the runtime's own, untouched
+
+    (tmp_path / "code" / "main.py").write_text(PROGRAM + "# a code change keeps the environment\n")
+    requirements = (tmp_path / "code" / "requirements.txt").read_text()
+    second, run_id = make_train(
+        f"PROGRAM={tmp_path}/code/main.py",
+        "JOB=unit-env",
+        f"EXTRA_VARS={json.dumps({'train_index_options': ['--no-index', '--find-links', str(index)]})}",
+    )
+    assert (tmp_path / "code" / "requirements.txt").read_text() == requirements
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"  environment {key}: reused from shared storage\n" in second.stdout, second.stdout
+    assert "dep says 1.0" in node_log(run_id)
+
+
+# What the refusal says, in one line: the requirement, and the runtime's pin where it is the reason.
+REFUSED = {
+    "asks for another torch": (
+        "torch>=99",
+        ["requirements.txt line 2 asks for torch>=99, but the runtime pins torch {torch}: a job cannot replace"],
+    ),
+    "depends on another torch": (
+        "ddp-demo-torchy",
+        [
+            "requirements.txt cannot be resolved for the nodes: Because all versions of ddp-demo-torchy depend on "
+            "torch>=99",
+            "cannot be used. (the runtime pins torch {torch})",
+        ],
+    ),
+    "cannot be found": (
+        "ddp-demo-missing==3",
+        ["requirements.txt cannot be resolved for the nodes: Because ddp-demo-missing was not found"],
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_requirement_the_runtime_cannot_take_is_refused_in_one_line_before_anything_is_shipped(tmp_path, index, case):
+    import torch
+
+    requirement, parts = REFUSED[case]
+    done, _ = launch(tmp_path, index, requirement)
+    assert done.returncode != 0
+    refusal = next(line for line in done.stderr.splitlines() if line.startswith("  FAILED [localhost] "))
+    for part in parts:
+        assert part.format(torch=torch.__version__) in refusal, refusal
+    assert "- shipping the working directory to shared storage" not in done.stdout
+
+
+def test_the_nodes_platform_is_their_glibc_within_what_uv_knows():
+    def target(glibc: str) -> list[str]:
+        return ddp_job_env.node_target({"machine": "x86_64", "glibc": glibc, "python": "3.11.7"})
+
+    assert target("2.36") == ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36"]
+    assert target("2.12")[-1] == "x86_64-manylinux_2_17"
+    assert target("2.41")[-1] == "x86_64-manylinux_2_40"
+
+
+def test_only_protected_packages_in_another_version_are_refused(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    lines = ["# a comment", "--extra-index-url https://example.invalid", "numpy==1.26.4  # as pinned", "torch<2",
+             "scipy>=9", "nvidia-nccl-cu12>2.22", "TorchVision==0.1"]  # fmt: skip
+    requirements.write_text("\n".join(lines) + "\n")
+    pins = {"numpy": "1.26.4", "torch": "2.5.1", "scipy": "1.0", "nvidia-nccl-cu12": "2.21.5", "torchvision": "0.20"}
+    found = ddp_job_env.protected_conflicts(requirements, pins)
+    assert [sentence.split(" asks for ")[0] for sentence in found] == [
+        "requirements.txt line 4",
+        "requirements.txt line 6",
+        "requirements.txt line 7",
+    ]
+    assert "but the runtime pins torchvision 0.20" in found[2]
