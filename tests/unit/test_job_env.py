@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _make import ROOT, make_train, node_log
+from _make import ROOT, make_train, node_log, run_record
 from _modules import load
 
 ddp_job_env = load("ddp_job_env", ROOT / "ansible/roles/train/library/ddp_job_env.py")
@@ -47,6 +47,9 @@ def test_requirements_make_an_environment_once_and_the_next_run_reuses_it(tmp_pa
     log = node_log(run_id)
     assert f"dep says 1.0 from {ROOT}/runs/ddp/envs/{key}" in log, log
     assert f"with torch {torch.__version__}" in log  # the runtime's own, untouched
+    record = run_record(run_id)["env"]
+    assert record["key"].startswith(key) and record["requirements"] == str(tmp_path / "code" / "requirements.txt")
+    assert record["packages"] == ["ddp-demo-dep==1.0", "ddp-demo-leaf==1.2"]
 
     (tmp_path / "code" / "main.py").write_text(PROGRAM + "# a code change keeps the environment\n")
     requirements = (tmp_path / "code" / "requirements.txt").read_text()

@@ -206,7 +206,7 @@ CASES = {
     ),
     "a cluster_address that is not an IP address": (
         {"hosts": {"node0": {"cluster_address": "node-zero.example"}}},
-        ["ssh_mesh_address=node-zero.example on node0: not an IP address"],
+        ["cluster_address=node-zero.example on node0: not an IP address"],
     ),
     # The server exports to each member's own address; one outside the cluster CIDRs is refused naming it.
     "an NFS client whose address is outside the cluster CIDRs": (
