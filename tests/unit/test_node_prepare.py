@@ -302,10 +302,10 @@ def test_the_job_s_directories_on_shared_storage_are_private_to_its_user(tmp_pat
     assert report["problems"] == []
     made = [tmp_path / "shared", *(tmp_path / "shared").iterdir(), tmp_path / "nodes" / "node0"]
     assert {path.name: oct(path.stat().st_mode & 0o777) for path in made} == {
-        "shared": "0o700",
-        "checkpoints": "0o700",
-        "output": "0o700",
-        "work": "0o700",
+        "shared": "0o711",
+        "checkpoints": "0o711",
+        "output": "0o711",
+        "work": "0o711",
         "node0": "0o700",
     }
 

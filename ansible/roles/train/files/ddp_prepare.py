@@ -181,11 +181,12 @@ def reused(spec: dict[str, Any], directory: str) -> str:
 
 
 def make_private(directory: Path) -> None:
-    """mkdir -p with every directory it makes 0700 (Path.mkdir gives only the last one its mode): what the job
-    keeps on shared storage is for its user alone."""
+    """mkdir -p with every directory it makes 0711 (Path.mkdir gives only the last one its mode): what the job
+    keeps on shared storage is for its user alone to list and read, yet root on a node, squashed to nobody by
+    the NFS server, can still pass through to mount the work dir into the job's container."""
     missing = [directory, *directory.parents]
     for step in reversed(missing[: next(i for i, d in enumerate(missing) if d.exists())]):
-        step.mkdir(mode=0o700, exist_ok=True)
+        step.mkdir(mode=0o711, exist_ok=True)
     if not directory.is_dir():
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(directory))
 
