@@ -94,11 +94,12 @@ clean-test-hosts: ## Remove every test run's test hosts, networks and shared dir
 
 # PROGRAM, ARGS, WORKDIR, JOB, DATA, REQUIREMENTS and EXTRA_VARS reach the recipe through the environment (make exports what the
 # command line sets), so that quotes, spaces and JSON in them arrive untouched.
-train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB DATA=dir[:name] REQUIREMENTS=f]
+train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never; PROGRAM=x.py ARGS='..' [WORKDIR JOB DATA=dir[:name] REQUIREMENTS=f DETACH=1 WAIT=1]
 	$(BIN)/ddp train --inventory "$(INVENTORY)" --resume "$(RESUME)" \
 	  $${PROGRAM:+--program "$$PROGRAM"} $${ARGS:+--args "$$ARGS"} $${WORKDIR:+--workdir "$$WORKDIR"} \
 	  $${JOB:+--job "$$JOB"} $${DATA:+--data "$$DATA"} $${REQUIREMENTS:+--requirements "$$REQUIREMENTS"} \
-	  $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"} $(if $(filter 1 true yes,$(DETACH)),--detach)
+	  $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"} $(if $(filter 1 true yes,$(DETACH)),--detach) \
+	  $(if $(filter 1 true yes,$(WAIT)),--wait)
 
 # A run under control from any terminal; RUN defaults to the newest run (make runs lists them).
 status: setup ## Each node's state, heartbeat age, the master's step/loss/throughput and ETA: [RUN=id]

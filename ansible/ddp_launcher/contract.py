@@ -13,8 +13,12 @@ from typing import Any
 # What ddp_node.py prints: its `poll` (job state, heartbeats, the master's newest metrics) and its `logs`.
 POLL_REPORT = "ddp_node.poll/1"
 LOG_REPORT = "ddp_node.log/1"
+# ... and its `busy`: whether a run holds the cluster's lock, and which.
+BUSY_REPORT = "ddp_node.busy/1"
 # What files/ddp_env.py place prints: whether the job's environment was there already, or was put in place.
 ENV_REPORT = "ddp_env.place/1"
+# What files/ddp_data.py stage prints on each node: how much of the dataset its local copy needed.
+STAGE_REPORT = "ddp_data.stage/1"
 # run.json's "version": raised when a field changes meaning or goes away (new fields keep it).
 RUN_RECORD_VERSION = 1
 

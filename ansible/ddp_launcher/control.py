@@ -186,15 +186,19 @@ def _number(value: object, fmt: str) -> str:
 
 
 def runs_table(runs: list[Run]) -> list[str]:
-    header = f"{'RUN':<36} {'JOB':<16} {'STATUS':<10} {'STEPS':>6} {'LOSS':>8} {'SAMPLES/S':>10} {'TIME':>7}  CODE"
+    header = (
+        f"{'RUN':<36} {'JOB':<16} {'STATUS':<10} {'STEPS':>6} {'LOSS':>8} {'SAMPLES/S':>10} {'TIME':>7}  "
+        f"{'CODE':<12}  ENV"
+    )
     lines = [header]
     for run in runs:
         r = run.record
         code = r.get("code_sha256") or r.get("git_commit") or "-"
+        env = (r.get("env") or {}).get("key") or "-"
         lines.append(
             f"{run.run_id:<36} {r.get('job', '-'):<16} {run.status:<10} {_number(r.get('last_step'), '{}'):>6} "
             f"{_number(r.get('final_loss'), '{:.4f}'):>8} {_number(r.get('samples_per_s'), '{:.0f}'):>10} "
-            f"{duration(_elapsed(r)):>7}  {str(code)[:12]}"
+            f"{duration(_elapsed(r)):>7}  {str(code)[:12]:<12}  {env}"
         )
     return lines
 
@@ -306,7 +310,7 @@ ACTIONS = {
     "status": "each node's state, heartbeat age, the master's step, loss, throughput and ETA",
     "logs": "the nodes' logs, each line prefixed by its node",
     "stop": "stop a run on every node, then collect it",
-    "runs": "one line per run: id, job, status, steps, final loss, samples/s, duration, code",
+    "runs": "one line per run: id, job, status, steps, final loss, samples/s, duration, code, environment key",
     "report": "rebuild a run's report.html (plots, settings, versions)",
 }
 

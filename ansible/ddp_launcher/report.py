@@ -203,6 +203,13 @@ def _table(rows: dict[str, Any]) -> str:
     return f"<table>{cells}</table>" if rows else "<p>-</p>"
 
 
+def _section(rows: dict[str, Any] | None, absent: str) -> str:
+    if not rows:
+        return f"<p>{html.escape(absent)}</p>"
+    # A package list reads best one per line.
+    return _table({k: "\n".join(v) if isinstance(v, list) else v for k, v in rows.items()})
+
+
 def render(run: RunData, compare: RunData | None = None) -> str:
     runs = [run] + ([compare] if compare else [])
     images = plots(runs)
@@ -233,12 +240,14 @@ def render(run: RunData, compare: RunData | None = None) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}th{{text-align:left;padding-right:1em}}
-td{{font-family:monospace}}img{{max-width:100%}}</style></head>
+td{{font-family:monospace;white-space:pre-wrap}}img{{max-width:100%}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <h2>Outcome</h2>{_table(overview)}
 <h2>Plots</h2>{figures}{no_plots}
 <h2>Settings</h2>{_table(record.get("settings", {}))}
 <h2>DDP in effect</h2>{_table(summary.get("ddp", {}))}
+<h2>Job environment</h2>{_section(record.get("env"), "No requirements: the runtime's own packages.")}
+<h2>Dataset</h2>{_section(record.get("data"), "No dataset synced (DATA=).")}
 <h2>Versions</h2>{_table(record.get("versions", {}))}
 </body></html>
 """

@@ -2,7 +2,7 @@
 
     ddp train [--inventory inventory/local] [--resume auto|never]
         [--program path/to/script.py [--args '5 1 --batch_size 32'] [--workdir DIR] [--job NAME]]
-        [--data PATH[:NAME]] [--requirements FILE]
+        [--data PATH[:NAME]] [--requirements FILE] [--detach] [--wait]
         [--extra-vars VARS ...]
 
 --program ships the controller's DIR (default: the program's directory) to shared storage and runs the
@@ -31,7 +31,7 @@ from typing import Any
 
 from . import control
 from .artifacts import summary_lines
-from .contract import ENV_REPORT, POLL_REPORT, task_report
+from .contract import BUSY_REPORT, ENV_REPORT, POLL_REPORT, STAGE_REPORT, task_report
 
 ROOT = control.ROOT
 PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
@@ -95,6 +95,17 @@ def data_line(result: dict[str, Any]) -> str:
     return line
 
 
+def stage_line(report: dict[str, Any]) -> str:
+    """What a node's local copy of the dataset needed."""
+    if not report["copied_files"] and not report["removed"]:
+        return f"dataset staged locally: current ({report['files']} files)"
+    line = (
+        f"dataset staged locally: copied {report['copied_files']} of {report['files']} files "
+        f"({report['copied_bytes'] / 1e6:.1f} MB)"
+    )
+    return line + (f", removed {report['removed']}" if report["removed"] else "")
+
+
 class Printer:
     """Turns runner events into a short account of the run."""
 
@@ -104,6 +115,7 @@ class Printer:
         self.stages_seen: set[str] = set()
         self.started = time.monotonic()
         self.env_packages: list[str] | None = None
+        self.waiting_on: str | None = None
 
     def __call__(self, event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
@@ -122,9 +134,8 @@ class Printer:
                 f"sha256 {str(result.get('sha256'))[:12]}",
                 flush=True,
             )
-        elif report := task_report(event, ENV_REPORT):
-            if report["found"] or report["placed"]:
-                print(f"  {env_line(report, self.env_packages)}", flush=True)
+        elif self._preparation(event):
+            pass
         elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == ENV_MODULE:
             self.env_packages = result.get("packages", self.env_packages)
         elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == DATA_MODULE:
@@ -139,6 +150,23 @@ class Printer:
                 print(f"    {line}", file=sys.stderr, flush=True)
         elif kind == "runner_on_unreachable":
             print(f"  UNREACHABLE [{data.get('host')}] {result.get('msg', '')}", file=sys.stderr, flush=True)
+        return True
+
+    def _preparation(self, event: dict[str, Any]) -> bool:
+        """Prints what a node said of the launch's preparation (a busy cluster, the environment, the dataset);
+        False for any other event."""
+        if (report := task_report(event, BUSY_REPORT)) and event.get("event") == "runner_retry":
+            # train_wait: one line each time the running run moves on (or another takes its place).
+            if report["message"] != self.waiting_on:
+                self.waiting_on = report["message"]
+                print(f"  waiting: {report['message']}", flush=True)
+        elif report := task_report(event, STAGE_REPORT):
+            print(f"  [{event['event_data'].get('host', '?')}] {stage_line(report)}", flush=True)
+        elif report := task_report(event, ENV_REPORT):
+            if report["found"] or report["placed"]:
+                print(f"  {env_line(report, self.env_packages)}", flush=True)
+        else:
+            return False
         return True
 
     @staticmethod
@@ -166,6 +194,7 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
         "--data", metavar="PATH[:NAME]", help="a dataset directory, synced to <shared_dir>/data/NAME (DDP_DATA_DIR)"
     )
     parser.add_argument("--detach", action="store_true", help="return once every node runs the job")
+    parser.add_argument("--wait", action="store_true", help="on a cluster busy with another run, wait for it")
     parser.add_argument("--artifacts", type=Path, help="train_artifacts_dir (default: the inventory's)")
     parser.add_argument(
         "-e",
@@ -217,7 +246,12 @@ def run_tag() -> str:
 
 def launch_vars(args: argparse.Namespace) -> dict[str, Any]:
     """The playbook variables the command line sets (UsageError: it cannot be run as written)."""
-    extravars: dict[str, Any] = {"train_resume": args.resume, "train_detach": args.detach, "train_run_tag": run_tag()}
+    extravars: dict[str, Any] = {
+        "train_resume": args.resume,
+        "train_detach": args.detach,
+        "train_wait": args.wait,
+        "train_run_tag": run_tag(),
+    }
     if args.program:
         extravars |= program_vars(args.program, args.args, args.workdir, args.job)
     elif args.args or args.workdir:

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _make import ROOT, make_train, node_log, run_record
+from _make import ROOT, make, make_train, node_log, run_record
 from _modules import load
 
 ddp_job_env = load("ddp_job_env", ROOT / "ansible/roles/train/library/ddp_job_env.py")
@@ -62,6 +62,15 @@ def test_requirements_make_an_environment_once_and_the_next_run_reuses_it(tmp_pa
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"  environment {key}: reused from shared storage\n" in second.stdout, second.stdout
     assert "dep says 1.0" in node_log(run_id)
+    # A hit records what the environment holds as a miss does, and the run's views show it.
+    assert run_record(run_id)["env"]["packages"] == ["ddp-demo-dep==1.0", "ddp-demo-leaf==1.2"]
+    listed = make("runs").stdout
+    assert any(
+        line.startswith(run_id) and line.endswith(" " + run_record(run_id)["env"]["key"])
+        for line in listed.splitlines()
+    ), listed
+    report = (ROOT / "artifacts" / run_id / "report.html").read_text()
+    assert "<h2>Job environment</h2>" in report and "ddp-demo-dep==1.0\nddp-demo-leaf==1.2" in report
 
 
 # What the refusal says, in one line: the requirement, and the runtime's pin where it is the reason.

@@ -22,7 +22,14 @@ RUNNER = ROOT / "ansible/roles/train/files/ddp_node.py"
 
 def test_every_reader_knows_the_kinds_the_runner_prints():
     ddp_node = load("ddp_node", RUNNER)
-    assert (contract.POLL_REPORT, contract.LOG_REPORT) == (ddp_node.POLL_REPORT, ddp_node.LOG_REPORT)
+    assert (contract.POLL_REPORT, contract.LOG_REPORT, contract.BUSY_REPORT) == (
+        ddp_node.POLL_REPORT,
+        ddp_node.LOG_REPORT,
+        ddp_node.BUSY_REPORT,
+    )
+    files = RUNNER.parent
+    assert contract.ENV_REPORT == load("ddp_env", files / "ddp_env.py").PLACE_REPORT
+    assert contract.STAGE_REPORT == load("ddp_data", files / "ddp_data.py").STAGE_REPORT
     # The callback in a process of its own: importing Ansible's plugins patches sys.intern, which breaks
     # torch.compile in every later test of this process.
     report = {"kind": ddp_node.POLL_REPORT, "metrics": {"step": 1}}

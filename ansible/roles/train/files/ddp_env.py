@@ -6,7 +6,8 @@
                                    (host) or {"image": name} (docker: read inside the image)
     ddp_env.py place SPEC_JSON     under ENVS/KEY.lock: finds ENVS/KEY (found), or moves INCOMING, the environment
                                    the controller made and this run unpacked, to ENVS/KEY (placed); prints
-                                   {"kind": "ddp_env.place/1", "key", "found", "placed"}
+                                   {"kind": "ddp_env.place/1", "key", "found", "placed", "packages"}; a run that
+                                   finds or places it marks it used (its mtime), for `ddp envs`
 
 SPEC_JSON: {"envs", "key", "incoming"} (incoming may be absent: then only look). An environment is never used
 half-made: only a complete one is renamed into place, and a concurrent run of the same key, which waits on the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from pathlib import Path
 
 BASE_REPORT = "ddp_env.base/1"
 PLACE_REPORT = "ddp_env.place/1"
+PACKAGES_FILE = "packages.json"  # written by library/ddp_job_env.py beside site-packages
 # Run by the runtime's own python: the environment the job would run in, not this script's.
 BASE_PROBE = """
 import importlib.metadata as m, json, platform
@@ -52,11 +55,18 @@ def place(spec: dict[str, str]) -> dict[str, object]:
         if (envs / key).is_dir():
             if incoming is not None:
                 shutil.rmtree(incoming, ignore_errors=True)
-            return report | {"found": True}
+            return report | {"found": True, "packages": used(envs / key)}
         if incoming is None:
             return report  # the controller makes the environment, this run unpacks it, then asks again
         incoming.rename(envs / key)
-    return report | {"placed": True}
+        return report | {"placed": True, "packages": used(envs / key)}
+
+
+def used(env: Path) -> list[str] | None:
+    """What the environment adds (None for one placed before it said), marking it used now."""
+    os.utime(env)
+    listed = env / PACKAGES_FILE
+    return json.loads(listed.read_text()) if listed.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:

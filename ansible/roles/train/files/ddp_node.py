@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """Runs one node's part of a training job and reports on it; the train role runs it on every node.
 
-    ddp_node.py launch --node-dir D --shared-dir S --node NAME [--mark-start FILE] [--timeout T] -- COMMAND...
+    ddp_node.py launch --node-dir D --shared-dir S --node NAME [--mark-start FILE] [--timeout T]
+                       [--cluster-lock L --holder JSON] -- COMMAND...
         Stamps FILE (the master: the run's start, for collect), then runs COMMAND (torchrun or `docker run ...
         torchrun`) in its own process group, logging to D/node.log. Its status file S/status-NAME.json counts
         heartbeats while COMMAND runs and records its exit code at the end. A COMMAND still running after T
         seconds is stopped. Exits with COMMAND's exit code.
+        With --cluster-lock L (the master), holds L's lock while COMMAND runs, writing --holder's JSON into it; a
+        lock someone else holds keeps COMMAND from starting.
+    ddp_node.py busy --lock L
+        Prints {"kind": "ddp_node.busy/1", "busy", "holder", "message"}: whether a run holds the cluster's lock L,
+        and which (its run id, job, owner, start, newest metrics line). A lock file whose holder died holds
+        nothing: the kernel, or the NFS server once the holder's lease lapses, releases it, so neither a crash
+        nor a reboot leaves the cluster marked busy.
     ddp_node.py start ... (launch's arguments)
         launch in a process of its own, detached from the caller (Ansible's script call, which ends and removes
         this file): returns once the job runs, or once it could not start, printing {"pgid", "exit_code"}.
@@ -43,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
 import fnmatch
 import json
 import os
@@ -63,6 +72,7 @@ HEARTBEAT_EVERY_S = 5.0  # pragma: no mutate (a pace: --stale-after, not this, d
 # called. This file runs alone on the nodes, so it carries a copy that test_progress_contract holds equal.
 POLL_REPORT = "ddp_node.poll/1"
 LOG_REPORT = "ddp_node.log/1"
+BUSY_REPORT = "ddp_node.busy/1"
 # A node whose status file has not appeared more than this long after the first poll never started. Generous: an
 # NFS client can keep a negative lookup of a file created after it first looked for up to a minute.
 NEVER_STARTED_AFTER_S = 90.0  # pragma: no mutate (an allowance: any over a minute does)
@@ -75,6 +85,64 @@ COULD_NOT_START = 127
 DEADLINE_PASSED = 124
 
 
+class ClusterBusy(RuntimeError):
+    """Another run holds the cluster's lock."""
+
+
+def hold_cluster(lock: Path, holder: dict[str, Any]) -> int:
+    """Takes the cluster's lock for as long as the returned descriptor stays open, and writes the holder into it
+    for `busy` to show. ClusterBusy names the run that has it."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise ClusterBusy(busy_message(cluster_holder(lock) or {})) from None
+    os.ftruncate(handle, 0)
+    os.pwrite(handle, (json.dumps(holder | {"pid": os.getpid(), "host": platform.node()}) + "\n").encode(), 0)
+    os.fsync(handle)
+    return handle
+
+
+def cluster_holder(lock: Path) -> dict[str, Any] | None:
+    """Who holds the cluster's lock ({} for a holder that has not written itself in yet), or None when nobody
+    does: a file left by a run that died holds no lock."""
+    try:
+        handle = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(handle, "rb") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it needs only read access over NFS
+        except BlockingIOError:
+            try:
+                return json.loads(file.read() or b"{}")
+            except json.JSONDecodeError:
+                return {}
+        return None
+
+
+def busy_message(holder: dict[str, Any], metrics: dict[str, Any] | None = None) -> str:
+    """The running run in one line: which, whose, since when and how far."""
+    since = holder.get("started") or "an unknown time"
+    progress = f", at step {metrics['step']}" if metrics and "step" in metrics else ", no metrics yet"
+    return (
+        f"the cluster is busy with run {holder.get('run_id', '?')} (job {holder.get('job', '?')}) of "
+        f"{holder.get('owner', '?')}, started {since}{progress}"
+    )
+
+
+def busy(args: argparse.Namespace) -> int:
+    holder = cluster_holder(args.lock)
+    report: dict[str, object] = {"kind": BUSY_REPORT, "busy": holder is not None, "holder": holder, "message": None}
+    if holder is not None:
+        metrics = _last_line(Path(holder["metrics"])) if holder.get("metrics") else None
+        report["message"] = busy_message(holder, metrics)
+    print(json.dumps(report))
+    return 0
+
+
 def launch(
     node_dir: Path,
     shared_dir: Path,
@@ -84,7 +152,12 @@ def launch(
     mark_start: Path | None = None,
     timeout_s: float | None = None,
     grace_s: float = 15.0,
+    cluster_lock: Path | None = None,
+    holder: dict[str, Any] | None = None,
 ) -> int:
+    # Held until this process ends, whatever ends it: the lock goes with the last open descriptor.
+    if cluster_lock is not None:
+        hold_cluster(cluster_lock, holder or {})
     node_dir.mkdir(parents=True, exist_ok=True)
     shared_dir.mkdir(parents=True, exist_ok=True)
     if mark_start is not None:
@@ -175,7 +248,14 @@ def start(args: argparse.Namespace, command: list[str]) -> int:
 
 def _launch_from(args: argparse.Namespace, command: list[str]) -> int:
     return launch(
-        args.node_dir, args.shared_dir, args.node, command, mark_start=args.mark_start, timeout_s=args.timeout or None
+        args.node_dir,
+        args.shared_dir,
+        args.node,
+        command,
+        mark_start=args.mark_start,
+        timeout_s=args.timeout or None,
+        cluster_lock=args.cluster_lock,
+        holder=json.loads(args.holder) if args.holder else None,
     )
 
 
@@ -546,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("launch", "start"):
         sub.choices[name].add_argument("--mark-start", type=Path)
         sub.choices[name].add_argument("--timeout", type=float, default=0.0, help="seconds; 0: none")
+        sub.choices[name].add_argument("--cluster-lock", type=Path)
+        sub.choices[name].add_argument("--holder", help="JSON written into the cluster's lock")
         sub.choices[name].add_argument("command", nargs=argparse.REMAINDER)
     sub.choices["poll"].add_argument("--nodes", required=True)
     sub.choices["poll"].add_argument("--metrics", type=Path)
@@ -553,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["poll"].add_argument("--wait", type=float, default=0.0, help="watch up to this many seconds")
     sub.choices["stop"].add_argument("--grace", type=float, default=15.0)
     sub.choices["stop"].add_argument("--container")
+    sub.add_parser("busy").add_argument("--lock", type=Path, required=True)
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)
     reader.add_argument("--offset", type=int, default=0)
@@ -586,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         "stop": stop,
         "collect": collect,
         "read-log": read_log,
+        "busy": busy,
     }
     return actions[args.action](args)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -45,6 +46,8 @@ archive: {description: The environment's site-packages as a tar, for the master.
 
 # A job may not replace these: the cluster pins them identically on every node, with CUDA and NCCL.
 PROTECTED = re.compile(r"(torch|torchvision|torchaudio|triton|numpy|nvidia-.*)")
+# name==version of each package the environment adds, beside its site-packages (the placed copy has it too).
+PACKAGES_FILE = "packages.json"
 # The platforms uv can target (x86_64-manylinux_2_17 ... _2_40).
 MANYLINUX_MINOR = (17, 40)
 
@@ -181,7 +184,7 @@ def make(params: dict[str, object]) -> dict[str, object]:
     if conflicts:
         raise EnvError(" ".join(conflicts))
     kept = Path(str(params["cache_dir"])) / key
-    listed = kept / "packages.json"
+    listed = kept / PACKAGES_FILE
     if not listed.is_file():  # made once per key on this controller; a half-made one has no packages.json
         shutil.rmtree(kept, ignore_errors=True)
         kept.mkdir(parents=True)
@@ -190,9 +193,13 @@ def make(params: dict[str, object]) -> dict[str, object]:
         (kept / "site-packages").mkdir()
         if packages:
             install(packages, base, index_options, kept / "site-packages")  # type: ignore[arg-type]
+        listing = (json.dumps(packages) + "\n").encode()
         with tarfile.open(kept / "site-packages.tar", "w") as tar:
             tar.add(kept / "site-packages", arcname="site-packages")
-        listed.write_text(json.dumps(packages) + "\n")
+            info = tarfile.TarInfo(PACKAGES_FILE)  # the placed environment says what it holds, for later runs
+            info.size = len(listing)
+            tar.addfile(info, io.BytesIO(listing))
+        listed.write_bytes(listing)
     return {"key": key, "packages": json.loads(listed.read_text()), "archive": str(kept / "site-packages.tar")}
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -32,6 +33,8 @@ RETURN = r"""
 archive: {description: The tar to unpack in the copy, or null when nothing differs., type: str, returned: success}
 files: {description: Regular files under src., type: int, returned: success}
 bytes: {description: Their total size., type: int, returned: success}
+listing_sha256: {description: "sha256 of the listing: names, sizes, whole-second mtimes.", type: str,
+                 returned: success}
 sent_files: {description: Files packed (new or changed)., type: int, returned: success}
 sent_bytes: {description: Their total size., type: int, returned: success}
 deleted: {description: Files the copy will lose (delete)., type: int, returned: success}
@@ -61,6 +64,8 @@ def pack(src: Path, remote: dict[str, list[int]], dest_dir: Path, delete: bool) 
     result: dict[str, object] = {
         "files": len(local),
         "bytes": sum(size for size, _ in local.values()),
+        # The dataset's identity for run.json: two runs with the same hash read the same names, sizes and mtimes.
+        "listing_sha256": hashlib.sha256(json.dumps(local, sort_keys=True).encode()).hexdigest(),
         "sent_files": len(send),
         "sent_bytes": sum(local[rel][0] for rel in send),
         "deleted": len(gone) if delete else 0,
