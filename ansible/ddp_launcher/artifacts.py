@@ -153,6 +153,7 @@ def finish(run_dir: Path, outcome: dict[str, Any]) -> list[str]:
             "status": outcome["status"],
             "failed_node": outcome.get("node"),
             "reason": outcome.get("reason"),
+            "exit_code": outcome.get("exit_code"),
             # Naive UTC, as Ansible's now(utc=true) wrote "started": the two are subtracted.
             "ended": datetime.now(UTC).replace(tzinfo=None).isoformat(),
             "last_step": summary.get("last_step"),

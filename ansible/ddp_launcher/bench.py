@@ -1,7 +1,7 @@
 """`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
 
     ddp bench [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
-              [--launch-seconds S --run-dir DIR] [--only p1 p2 p3 p4 p6 p6lab]
+              [--launch-seconds S --run-dir DIR] [--data-files N] [--only p1 p2 p3 p4 p6 p6lab p7 p8]
 
 Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p1_allreduce_busbw_over_link   allreduce busbw at 64 MiB over the iperf3 bandwidth of the slowest node pair
@@ -19,22 +19,30 @@ Writes <artifacts>/bench-<time>/bench.json and prints a table:
                                  with the host runtime (inventory/local), null elsewhere with the reason
   p6_lab_overhead_over_training  (`make train`'s wall time - the program's training time) / that training time,
                                  for the lab's run that the e2e stage makes (--launch-seconds, --run-dir)
+  p7_env_cache_hit_overhead_s    a launch whose job environment is already made minus the same launch without
+                                 requirements (the fastest of two each, after the miss that made it), with the
+                                 hits' own environment tasks beside it; the requirement is a local demo wheel,
+                                 so no index is reached
+  p8_data_resync_s               the sync tasks' own time in a launch whose dataset (--data-files of 1 MB, 1,000 by
+                                 default) is already on shared storage unchanged
 Every null comes with its reason; the raw numbers behind each ratio, the machine, versions and git commit too.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from . import control, doctor
+from . import control, doctor, train
 
 ROOT = control.ROOT
 TRAIN_PLAYBOOK = ROOT / "ansible" / "playbooks" / "train.yml"
@@ -50,7 +58,13 @@ FIGURES = {
     "p4": "p4_checkpoint_stall_fraction",
     "p6": "p6_launch_over_bare_torchrun",
     "p6lab": "p6_lab_overhead_over_training",
+    "p7": "p7_env_cache_hit_overhead_s",
+    "p8": "p8_data_resync_s",
 }
+# p7's requirement: the tests' demo wheels, made on the spot (molecule/shared/demo_wheels.py).
+DEMO_WHEELS = ROOT / "molecule" / "shared" / "demo_wheels.py"
+# p8's dataset on shared storage: one name, so that repeated benches overwrite rather than add a copy each.
+BENCH_DATA_NAME = "ddp-bench-resync"
 
 
 def train_run(inventory: str | list[str], artifacts: Path, run_id: str, extravars: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +226,74 @@ def p6_lab(launch_s: float | None, run_dir: Path | None) -> dict[str, Any]:
     }
 
 
+def shipped_run(inventory: str, artifacts: Path, program: Path, run_id: str, extravars: dict[str, Any]) -> Any:
+    """One launch of a shipped program, as `make train PROGRAM=...` makes it: its runner, its wall time and the
+    seconds each stage's tasks took on the master (from the events' durations)."""
+    stages: dict[str, float] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_ok" and data.get("duration") is not None:
+            name = Path(str(data.get("task_path", "")).split(":")[0]).name
+            stages[name] = stages.get(name, 0.0) + float(data["duration"])
+
+    shipped = train.program_vars(program, "", None, run_id.rsplit("-", 1)[0])
+    settings = shipped | {"train_run_id": run_id, "train_artifacts_dir": str(artifacts), "train_resume": "never"}
+    started = time.monotonic()
+    runner = control.run_playbook(TRAIN_PLAYBOOK, inventory, settings | extravars, on_event)
+    runner.wall_s, runner.stage_s = time.monotonic() - started, stages
+    return runner
+
+
+def p7(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
+    """The cost of a job environment that is already made: the same tiny program launched with and without a
+    requirements file, alternating, after a first launch made the environment (a key new to this bench)."""
+    work = artifacts / stamp / "p7"
+    plain, with_env = work / "plain" / "main.py", work / "env" / "main.py"
+    for program in (plain, with_env):
+        program.parent.mkdir(parents=True)
+        program.write_text("print('bench')\n")
+    (with_env.parent / "requirements.txt").write_text(f"ddp-demo-dep==1.0\n# {stamp}: a key of its own\n")
+    spec = importlib.util.spec_from_file_location("demo_wheels", DEMO_WHEELS)
+    demo_wheels = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(demo_wheels)  # type: ignore[union-attr]
+    index = {"train_index_options": ["--no-index", "--find-links", str(demo_wheels.demo_index(work / "wheels"))]}
+    times: dict[str, list[float]] = {"miss": [], "plain": [], "hit": []}
+    env_tasks: list[float] = []  # the hits' own environment tasks: the difference without the launches' noise
+    for number, (kind, program) in enumerate((("miss", with_env), *(("plain", plain), ("hit", with_env)) * 2)):
+        runner = shipped_run(inventory, artifacts, program, f"{stamp}-p7-{number}", index)
+        if runner.rc != 0:
+            return {"value": None, "reason": f"a {kind} launch failed: see {artifacts}/{stamp}-p7-*"}
+        times[kind].append(runner.wall_s)
+        if kind == "hit":
+            env_tasks.append(runner.stage_s.get("job_env.yml", 0.0))
+    return {
+        "value": round(min(times["hit"]) - min(times["plain"]), 2),
+        "launch_hit_s": [round(t, 2) for t in times["hit"]],
+        "launch_plain_s": [round(t, 2) for t in times["plain"]],
+        "launch_miss_s": round(times["miss"][0], 2),
+        "hit_env_tasks_s": [round(t, 2) for t in env_tasks],
+    }
+
+
+def p8(inventory: str, artifacts: Path, stamp: str, files: int) -> dict[str, Any]:
+    """An unchanged dataset's re-sync: the sync tasks' time in the second of two launches with the same DATA."""
+    data = artifacts / stamp / "p8-data"
+    data.mkdir(parents=True)
+    for number in range(files):
+        (data / f"part-{number:05d}.bin").write_bytes(os.urandom(1 << 20))
+    program = artifacts / stamp / "p8" / "main.py"
+    program.parent.mkdir(parents=True)
+    program.write_text("print('bench')\n")
+    settings = {"train_data_dir": str(data), "train_data_name": BENCH_DATA_NAME, "train_data_delete": True}
+    synced = [shipped_run(inventory, artifacts, program, f"{stamp}-p8-{n}", settings) for n in range(2)]
+    shutil.rmtree(data)
+    if any(runner.rc != 0 for runner in synced):
+        return {"value": None, "reason": f"a launch with DATA failed: see {artifacts}/{stamp}-p8-*"}
+    first, again = (runner.stage_s.get("sync_data.yml", 0.0) for runner in synced)
+    return {"value": round(again, 2), "first_sync_s": round(first, 2), "files": files, "bytes": files << 20}
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
@@ -246,6 +328,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # ... and p6lab from the lab training run it makes anyway: its wall time and its collected directory.
     parser.add_argument("--launch-seconds", type=float)
     parser.add_argument("--run-dir", type=Path)
+    parser.add_argument("--data-files", type=int, default=1000, help="p8's dataset: this many files of 1 MB")
     # The e2e stage records p3 from the site.yml runs it makes anyway, without measuring the rest again.
     parser.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
     args = parser.parse_args(argv)
@@ -267,6 +350,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "p4": lambda: p4(inventory, artifacts, stamp),
         "p6": lambda: p6(inventory, artifacts, stamp),
         "p6lab": lambda: p6_lab(args.launch_seconds, args.run_dir),
+        "p7": lambda: p7(inventory, artifacts, stamp),
+        "p8": lambda: p8(inventory, artifacts, stamp, args.data_files),
     }
     results: dict[str, dict[str, Any]] = {}
     for short, key in FIGURES.items():

@@ -39,3 +39,9 @@ def task_report(event: dict[str, Any], kind: str) -> dict[str, Any] | None:
     if event.get("event") not in ("runner_on_ok", "runner_retry", "runner_on_failed"):
         return None
     return parse_report((event.get("event_data", {}).get("res") or {}).get("stdout"), kind)
+
+
+def attempt_of(record: dict[str, Any]) -> str:
+    """Which attempt of how many a run is ("2/3"), where the run may be retried (train_retries); "-" otherwise."""
+    retries = int(record.get("settings", {}).get("retries") or 0)
+    return f"{record.get('attempt', 1)}/{retries + 1}" if retries else "-"

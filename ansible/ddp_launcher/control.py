@@ -30,7 +30,7 @@ from typing import Any
 import ansible_runner
 
 from . import artifacts
-from .contract import LOG_REPORT, POLL_REPORT, RUN_RECORD_VERSION, task_report
+from .contract import LOG_REPORT, POLL_REPORT, RUN_RECORD_VERSION, attempt_of, task_report
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -187,7 +187,7 @@ def _number(value: object, fmt: str) -> str:
 
 def runs_table(runs: list[Run]) -> list[str]:
     header = (
-        f"{'RUN':<36} {'JOB':<16} {'STATUS':<10} {'STEPS':>6} {'LOSS':>8} {'SAMPLES/S':>10} {'TIME':>7}  "
+        f"{'RUN':<36} {'JOB':<16} {'STATUS':<10} {'TRY':<4} {'STEPS':>6} {'LOSS':>8} {'SAMPLES/S':>10} {'TIME':>7}  "
         f"{'CODE':<12}  ENV"
     )
     lines = [header]
@@ -196,7 +196,8 @@ def runs_table(runs: list[Run]) -> list[str]:
         code = r.get("code_sha256") or r.get("git_commit") or "-"
         env = (r.get("env") or {}).get("key") or "-"
         lines.append(
-            f"{run.run_id:<36} {r.get('job', '-'):<16} {run.status:<10} {_number(r.get('last_step'), '{}'):>6} "
+            f"{run.run_id:<36} {r.get('job', '-'):<16} {run.status:<10} {attempt_of(r):<4} "
+            f"{_number(r.get('last_step'), '{}'):>6} "
             f"{_number(r.get('final_loss'), '{:.4f}'):>8} {_number(r.get('samples_per_s'), '{:.0f}'):>10} "
             f"{duration(_elapsed(r)):>7}  {str(code)[:12]:<12}  {env}"
         )
@@ -310,7 +311,7 @@ ACTIONS = {
     "status": "each node's state, heartbeat age, the master's step, loss, throughput and ETA",
     "logs": "the nodes' logs, each line prefixed by its node",
     "stop": "stop a run on every node, then collect it",
-    "runs": "one line per run: id, job, status, steps, final loss, samples/s, duration, code, environment key",
+    "runs": "one line per run: id, job, status, attempt, steps, final loss, samples/s, duration, code, environment key",
     "report": "rebuild a run's report.html (plots, settings, versions)",
 }
 

@@ -24,6 +24,8 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .contract import attempt_of
+
 
 @dataclass
 class RunData:
@@ -203,6 +205,17 @@ def _table(rows: dict[str, Any]) -> str:
     return f"<table>{cells}</table>" if rows else "<p>-</p>"
 
 
+def _attempts(attempts: list[dict[str, Any]] | None) -> str:
+    if not attempts:
+        return "<p>One attempt.</p>"
+    rows = {
+        f"{number}. {attempt['run_id']}": attempt["status"]
+        + (f" on {attempt['failed_node']}: {attempt['reason']}" if attempt.get("reason") else "")
+        for number, attempt in enumerate(attempts, 1)
+    }
+    return _table(rows)
+
+
 def _section(rows: dict[str, Any] | None, absent: str) -> str:
     if not rows:
         return f"<p>{html.escape(absent)}</p>"
@@ -234,6 +247,7 @@ def render(run: RunData, compare: RunData | None = None) -> str:
         ),
         "slowest node": slowest_node(run),
         "code": record.get("code_sha256") or record.get("git_commit"),
+        "attempt": attempt_of(record),
     }
     title = f"Run {run.name}" + (f" compared with {compare.name}" if compare else "")
     no_plots = "" if images else "<p>The program wrote no metrics (metrics.jsonl) to DDP_OUTPUT_DIR.</p>"
@@ -246,6 +260,7 @@ td{{font-family:monospace;white-space:pre-wrap}}img{{max-width:100%}}</style></h
 <h2>Plots</h2>{figures}{no_plots}
 <h2>Settings</h2>{_table(record.get("settings", {}))}
 <h2>DDP in effect</h2>{_table(summary.get("ddp", {}))}
+<h2>Attempts</h2>{_attempts(record.get("attempts"))}
 <h2>Job environment</h2>{_section(record.get("env"), "No requirements: the runtime's own packages.")}
 <h2>Dataset</h2>{_section(record.get("data"), "No dataset synced (DATA=).")}
 <h2>Versions</h2>{_table(record.get("versions", {}))}

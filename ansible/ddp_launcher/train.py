@@ -18,6 +18,7 @@ Ctrl-C or SIGTERM stops the run on every node, collects what exists, marks it ca
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import secrets
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import artifacts as run_files
 from . import control
 from .artifacts import summary_lines
 from .contract import BUSY_REPORT, ENV_REPORT, POLL_REPORT, STAGE_REPORT, task_report
@@ -290,20 +292,31 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupt)
-    printer = Printer()
-    run = control.run_playbook(
-        PLAYBOOK,
-        str((ROOT / args.inventory).resolve()),
-        extravars,
-        printer,
-        cmdline=control.extra_vars_cmdline(args.extra_vars) or None,
-        cancel=interrupted.is_set,
-    )
-    if printer.run_id:
-        destination = artifacts / printer.run_id / "ansible.log"
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_text(run.output)
-        print(f"  full Ansible output: {destination}")
+    attempts: list[str] = []
+    while True:
+        printer = Printer()
+        run = control.run_playbook(
+            PLAYBOOK,
+            str((ROOT / args.inventory).resolve()),
+            extravars,
+            printer,
+            cmdline=control.extra_vars_cmdline(args.extra_vars) or None,
+            cancel=interrupted.is_set,
+        )
+        if printer.run_id:
+            attempts.append(printer.run_id)
+            destination = artifacts / printer.run_id / "ansible.log"
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_text(run.output)
+            print(f"  full Ansible output: {destination}")
+        retry = None if interrupted.is_set() or args.detach else retry_of(printer.run_id, artifacts)
+        if retry is None:
+            break
+        print(f"  {retry}; retrying as attempt {len(attempts) + 1}, from the job's newest checkpoint", flush=True)
+        # A run of its own, named after the first: its id says which attempt it is.
+        extravars |= {"train_attempt": len(attempts) + 1, "train_resume": "auto"}
+        extravars["train_run_tag"] = f"{extravars['train_run_tag'].split('-try')[0]}-try{len(attempts) + 1}"
+    record_attempts(attempts, artifacts)
     if interrupted.is_set():
         cancel(printer.run_id, artifacts)
         # Die of the signal, as an interrupted command does: make and shells then stop too (exit 130 for SIGINT).
@@ -317,6 +330,45 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print_summary(printer.run_id, artifacts)
     print(f"training {'finished' if run.rc == 0 else 'FAILED'} (status {run.status}, exit {run.rc})")
     return run.rc
+
+
+# What a program exits with when its arguments or its config are wrong (argparse's code): no retry mends that.
+USAGE_ERROR = 2
+
+
+def retry_of(run_id: str | None, artifacts: Path) -> str | None:
+    """Why a run that ended should be launched again (its failure, in words), or None: it did not fail, it failed in
+    a way a retry cannot mend (a usage or config error, its time limit), or it had its attempts
+    (settings.retries, train_retry_exit_codes)."""
+    record_file = artifacts / str(run_id) / "run.json"
+    if run_id is None or not record_file.is_file():
+        return None  # refused before launch: a retry would be refused the same way
+    record = json.loads(record_file.read_text())
+    settings = record.get("settings", {})
+    attempt, retries = int(record.get("attempt", 1)), int(settings.get("retries", 0))
+    if record.get("status") != "failed" or attempt > retries:
+        return None
+    codes, code = settings.get("retry_exit_codes") or [], record.get("exit_code")
+    if codes and code not in codes:
+        return None
+    if not codes and (code == USAGE_ERROR or "train_timeout_s" in str(record.get("reason"))):
+        return None
+    return f"attempt {attempt} of {retries + 1} failed on {record.get('failed_node')}: {record.get('reason')}"
+
+
+def record_attempts(attempts: list[str], artifacts: Path) -> None:
+    """Each attempt's run.json lists every attempt of the run, in order, with how each ended."""
+    if len(attempts) < 2:
+        return
+    ended = []
+    for run_id in attempts:
+        record = json.loads((artifacts / run_id / "run.json").read_text())
+        ended.append({key: record.get(key) for key in ("run_id", "status", "failed_node", "reason", "exit_code")})
+    from . import report  # matplotlib: only when there are attempts to show
+
+    for run_id in attempts:
+        run_files.record(artifacts / run_id, {"attempts": ended})
+        report.write(artifacts / run_id)
 
 
 def print_summary(run_id: str | None, artifacts: Path) -> None:

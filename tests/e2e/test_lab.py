@@ -5,11 +5,12 @@ still finishes, every checkpoint stays valid, and the collected one matches the 
 and one training run (tests/e2e/conftest.py)."""
 
 import hashlib
+import importlib.util
 import json
 import subprocess
 import sys
 
-from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, JOB, NODES, ROOT, STEPS, on, recap
+from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, JOB, NODES, ROOT, STEPS, on, recap, train
 
 
 def bench(*argv: str) -> dict:
@@ -134,3 +135,40 @@ def test_checkpoint_on_nfs_is_collected_and_its_checksums_verify(training):
     # The same file, read through the client's NFS mount.
     on_client = on(CLIENT, f"sha256sum {CHECKPOINTS}/{collected.name}")
     assert on_client.stdout.split()[:1] == [hashlib.sha256(collected.read_bytes()).hexdigest()], on_client.stderr
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Each node's first rank says where its package and its data came from.
+OWN_PROGRAM = """import os, ddp_demo_dep
+data = os.environ["DDP_DATA_DIR"]
+if os.environ["LOCAL_RANK"] == "0":
+    print(f"dep {ddp_demo_dep.VALUE} from {ddp_demo_dep.__file__}; data {sorted(os.listdir(data))} in {data}")
+"""
+
+
+def test_a_job_brings_a_package_the_vms_cannot_download_and_a_dataset_staged_on_each(training, tmp_path):
+    """The VMs reach no package index: the controller resolves the requirement for them and ships it."""
+    assert training.training.result.rc == 0
+    code, data = tmp_path / "code", tmp_path / "data"
+    code.mkdir()
+    data.mkdir()
+    (code / "main.py").write_text(OWN_PROGRAM)
+    (code / "requirements.txt").write_text("ddp-demo-dep==1.0\n")
+    (data / "shard-0.txt").write_text("lab data\n")
+    wheels = load("demo_wheels", ROOT / "molecule" / "shared" / "demo_wheels.py").demo_index(tmp_path / "wheels")
+    settings = {"train_index_options": ["--no-index", "--find-links", str(wheels)], "train_data_stage": "local"}
+    run = train(f"PROGRAM={code}/main.py", "JOB=e2e-own", f"DATA={data}:e2e-own", f"EXTRA_VARS={json.dumps(settings)}")
+    output = run.result.output
+    assert run.result.rc == 0 and run.run_dir, output[-4000:]
+    assert "made for this key, adding ddp-demo-dep==1.0, ddp-demo-leaf==1.2" in output, output[-4000:]
+    for node in NODES:
+        assert f"  [{node}] dataset staged locally: copied 1 of 1 files" in output, output[-4000:]
+        log = (run.run_dir / "logs" / node / "node.log").read_text()
+        assert "dep 1.0 from /data/ddp/envs/" in log, log[-2000:]
+        assert "data ['shard-0.txt'] in " in log and f"/.local/state/ddp-train/{node}/data/e2e-own\n" in log, log

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from _node_runner import ddp_node, launched_pgid, launcher, wait_for
 
-STATUS_KEYS = {"beat", "exit_code", "ended", "stopped", "timed_out", "slowest_write_s"}
+STATUS_KEYS = {"beat", "exit_code", "ended", "stopped", "timed_out", "slowest_write_s", "worker_exit_code"}
 
 
 def run_in_process(monkeypatch, heartbeat_every_s: float) -> None:
@@ -38,6 +38,7 @@ def test_the_first_status_is_there_before_the_job_starts_in_directories_launch_c
         "stopped": False,
         "timed_out": False,
         "slowest_write_s": 0.0,
+        "worker_exit_code": None,
     }
     final = read_status(shared)
     assert set(final) == STATUS_KEYS
@@ -47,6 +48,31 @@ def test_the_first_status_is_there_before_the_job_starts_in_directories_launch_c
     # A second run under the same directories (a retried launch) finds them there.
     assert ddp_node.launch(node_dir, shared, "node0", ["sh", "-c", "exit 4"]) == 4
     assert read_status(shared)["exit_code"] == 4
+
+
+# The end of torchrun's report of a failed rank, as torchrun 2.x prints it.
+TORCHRUN_REPORT = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-06_19:51:50
+  host      : vm
+  rank      : 0 (local_rank: 0)
+  exitcode  : 3 (pid: 4242)
+  error_file: <N/A>
+"""
+
+
+def test_a_failed_node_records_its_program_s_own_exit_code_from_torchrun_s_report(tmp_path, monkeypatch):
+    run_in_process(monkeypatch, heartbeat_every_s=3600)
+    shared = tmp_path / "shared"
+    torchrun = ["sh", "-c", f"printf '%s' '{TORCHRUN_REPORT}'; exit 1"]  # torchrun exits 1 whatever its ranks did
+    assert ddp_node.launch(tmp_path / "node", shared, "node0", torchrun) == 1
+    assert (read_status(shared)["exit_code"], read_status(shared)["worker_exit_code"]) == (1, 3)
+    state = ddp_node.job_state(shared, ["node0"], 30.0, time.time(), {})
+    assert (state["reason"], state["exit_code"]) == ("exit code 3", 3)
+    # Without a report, the node's own exit code is the one there is.
+    assert ddp_node.launch(tmp_path / "node", shared, "node0", ["sh", "-c", "exit 5"]) == 5
+    state = ddp_node.job_state(shared, ["node0"], 30.0, time.time(), {})
+    assert (read_status(shared)["worker_exit_code"], state["exit_code"]) == (None, 5)
 
 
 def test_the_job_leads_a_session_and_process_group_of_its_own(tmp_path, monkeypatch):

@@ -56,6 +56,7 @@ import fnmatch
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,8 @@ BUSY_REPORT = "ddp_node.busy/1"
 # A node whose status file has not appeared more than this long after the first poll never started. Generous: an
 # NFS client can keep a negative lookup of a file created after it first looked for up to a minute.
 NEVER_STARTED_AFTER_S = 90.0  # pragma: no mutate (an allowance: any over a minute does)
+# torchrun's line for a failed rank's exit code, in its "Root Cause" report.
+WORKER_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
 JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other program sets)
 # How often a waiting poll looks at the status files again: the delay between a run's end and the launch seeing it.
 WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
@@ -95,9 +98,13 @@ def hold_cluster(lock: Path, holder: dict[str, Any]) -> int:
     lock.parent.mkdir(parents=True, exist_ok=True)
     handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        # A POSIX lock, not flock: an NFS client's lock and one taken on the server's own disk (a master that
+        # is also the NFS server) see each other only as POSIX locks.
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
         os.close(handle)
+        if error.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
         raise ClusterBusy(busy_message(cluster_holder(lock) or {})) from None
     os.ftruncate(handle, 0)
     os.pwrite(handle, (json.dumps(holder | {"pid": os.getpid(), "host": platform.node()}) + "\n").encode(), 0)
@@ -114,8 +121,10 @@ def cluster_holder(lock: Path) -> dict[str, Any] | None:
         return None
     with os.fdopen(handle, "rb") as file:
         try:
-            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it needs only read access over NFS
-        except BlockingIOError:
+            fcntl.lockf(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it needs only read access
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
             try:
                 return json.loads(file.read() or b"{}")
             except json.JSONDecodeError:
@@ -182,6 +191,7 @@ def launch(
     # a session of its own, so a torchrun killed mid-restart would otherwise leave its ranks running.
     env = {**os.environ, JOB_TAG_VAR: _job_tag(node_dir)}
     with (node_dir / "node.log").open("ab") as log:
+        log_start = log.tell()  # where this launch's output begins (an earlier launch of the run's may precede)
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     (node_dir / "pgid").write_text(f"{child.pid}\n")
     done = threading.Event()
@@ -212,9 +222,25 @@ def launch(
     beater.join()
     # An exit the play caused (stop) is never the cause of a failure, only its consequence.
     stopped = (node_dir / "stopping").exists()
-    write_status(beat=-1, exit_code=code, ended=time.time(), stopped=stopped, timed_out=timed_out)
+    worker = _worker_exit_code(node_dir / "node.log", log_start) if code else None
+    write_status(
+        beat=-1, exit_code=code, ended=time.time(), stopped=stopped, timed_out=timed_out, worker_exit_code=worker
+    )
     (node_dir / "exit").write_text(f"{code}\n")
     return code
+
+
+def _worker_exit_code(log: Path, start: int) -> int | None:
+    """The program's own exit code, from torchrun's report of its first failed rank ("exitcode : 3") after byte
+    start of the log: torchrun itself exits 1 whatever its workers exited with, and only the program's code says
+    what kind of failure it was."""
+    with contextlib.suppress(OSError), _open_no_link(log) as file:
+        file.seek(max(start, file.seek(0, os.SEEK_END) - 16384))
+        for line in reversed(file.read().splitlines()):
+            found = WORKER_EXIT.search(line)
+            if found:
+                return int(found.group(1))
+    return None
 
 
 def start(args: argparse.Namespace, command: list[str]) -> int:
@@ -292,6 +318,7 @@ def _write_status(
     stopped: bool = False,
     timed_out: bool = False,
     slowest_write_s: float,
+    worker_exit_code: int | None = None,
 ) -> None:
     # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
     # while a file created later can stay hidden behind a cached negative lookup for up to a minute.
@@ -302,6 +329,7 @@ def _write_status(
         "stopped": stopped,
         "timed_out": timed_out,
         "slowest_write_s": slowest_write_s,
+        "worker_exit_code": worker_exit_code,
     }
     path.write_text(json.dumps(status) + "\n")
 
@@ -407,8 +435,11 @@ def job_state(
     failed = [node for node, code in exits.items() if code not in (None, 0) and not statuses[node].get("stopped")]
     if failed:
         cause = _first_to_end(failed, statuses)
-        reason = "ran past train_timeout_s" if statuses[cause].get("timed_out") else f"exit code {exits[cause]}"
-        return {"job": "failed", "failed_node": cause, "reason": reason}
+        # The program's own code where torchrun reported it, else what the node's command exited with.
+        worker = statuses[cause].get("worker_exit_code")
+        exit_code = exits[cause] if worker is None else worker
+        reason = "ran past train_timeout_s" if statuses[cause].get("timed_out") else f"exit code {exit_code}"
+        return {"job": "failed", "failed_node": cause, "reason": reason, "exit_code": exit_code}
     if all(code == 0 for code in exits.values()):
         return {"job": "succeeded"}
     if all(code is not None for code in exits.values()):

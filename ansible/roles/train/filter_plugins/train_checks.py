@@ -57,7 +57,9 @@ def outcome(
     if lost:  # a node that vanished is the cause; what its peers report is the consequence
         return {"status": "failed", "node": lost[0], "reason": "unreachable during the run"}
     if failed:
-        return {"status": "failed", "node": failed[0]["failed_node"], "reason": failed[0]["reason"]}
+        first = failed[0]
+        code = {"exit_code": first["exit_code"]} if "exit_code" in first else {}
+        return {"status": "failed", "node": first["failed_node"], "reason": first["reason"], **code}
     if broken:
         node = sorted(broken)[0]
         return {"status": "failed", "node": node, "reason": broken[node]}
