@@ -32,6 +32,8 @@ JOB = "lab"
 STEPS = 100
 RESTART_AT_CHECKPOINT = 10
 CHECKPOINTS = f"/data/ddp/{JOB}/checkpoints"
+# cluster_user in the lab's inventory (group_vars/all/cluster.yml): the account the jobs run as, which owns them.
+CLUSTER_USER = "ddp"
 # On the server's own disk, not on the share.
 WATCHER = "/root/nfs_restart_watch.py"
 WATCHER_RESULT = "/root/nfs-restart.json"

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from lab import ARTIFACTS, CHECKPOINTS, CLIENT, INVENTORY, JOB, NODES, ROOT, STEPS, on, recap, train
+from lab import ARTIFACTS, CHECKPOINTS, CLIENT, CLUSTER_USER, INVENTORY, JOB, NODES, ROOT, STEPS, on, recap, train
 
 
 def bench(*argv: str) -> dict:
@@ -107,7 +107,8 @@ def test_the_outage_held_the_clients_own_writes_to_the_share_until_the_server_wa
 
 def test_every_checkpoint_on_nfs_survived_the_restart(training):
     assert training.training.result.rc == 0
-    listing = on(CLIENT, f"cd {CHECKPOINTS} && sha256sum -c ckpt-*.sha256")
+    # As the job's user: the job's directories are its own (root on the client is squashed by NFS anyway).
+    listing = on(CLIENT, f"runuser -u {CLUSTER_USER} -- sh -c 'cd {CHECKPOINTS} && sha256sum -c ckpt-*.sha256'")
     assert listing.returncode == 0, listing.stdout + listing.stderr
     # The smoke config keeps the newest three (checkpoint.keep_last), one every 10 steps, all of them verified.
     kept = [f"ckpt-{step:08d}.pt: OK" for step in (STEPS - 20, STEPS - 10, STEPS)]
@@ -133,7 +134,7 @@ def test_checkpoint_on_nfs_is_collected_and_its_checksums_verify(training):
     [collected] = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
     assert collected.name == f"ckpt-{STEPS:08d}.pt"
     # The same file, read through the client's NFS mount.
-    on_client = on(CLIENT, f"sha256sum {CHECKPOINTS}/{collected.name}")
+    on_client = on(CLIENT, f"runuser -u {CLUSTER_USER} -- sha256sum {CHECKPOINTS}/{collected.name}")
     assert on_client.stdout.split()[:1] == [hashlib.sha256(collected.read_bytes()).hexdigest()], on_client.stderr
 
 

@@ -157,6 +157,32 @@ def test_a_dataset_reaches_shared_storage_as_the_job_s_and_every_node_reads_it(t
     assert json.loads((run_dir / "run.json").read_text())["data"]["sent_files"] == 2
 
 
+# Rank 0 saves a checkpoint and dies with exit code 3; the retry finds the checkpoint and finishes.
+FLAKY = """import os, pathlib, sys
+checkpoint = pathlib.Path(os.environ["DDP_CHECKPOINT_DIR"]) / "ckpt-000005.pt"
+if os.environ["RANK"] == "0":
+    if checkpoint.exists():
+        print(f"resumed from {checkpoint.name}")
+    else:
+        checkpoint.write_text("step 5")
+        sys.exit(3)
+"""
+
+
+def test_a_run_that_fails_once_is_retried_across_both_hosts_from_its_checkpoint(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "flaky.py").write_text(FLAKY)
+    job = f"flaky-{uuid.uuid4().hex[:6]}"
+    program = ["--program", str(tmp_path / "code" / "flaky.py"), "--job", job]
+    done = cli("train", *program, "--extra-vars", '{"train_retries": 1}')
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "attempt 1 of 2 failed on train-node0: exit code 3; retrying as attempt 2" in done.stdout, done.stdout
+    [retried] = [run for run in run_dirs() if run.name.startswith(job) and run.name.endswith("-try2")]
+    attempts = json.loads((retried / "run.json").read_text())["attempts"]
+    assert [(a["status"], a["exit_code"]) for a in attempts] == [("failed", 3), ("succeeded", None)]
+    assert "resumed from ckpt-000005.pt" in node_logs(retried)["train-node0"]
+
+
 LONG_RUN = '{"train_steps": 100000, "train_resume": "never", "train_job_name": "%s"}'
 
 
