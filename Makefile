@@ -34,7 +34,7 @@ VM_ROLES := nfs_client
 AFTER_E2E_ROLES := ca_trust
 CONTAINER_ROLES := $(filter-out $(VM_ROLES) $(AFTER_E2E_ROLES),$(MOLECULE_ROLES))
 
-.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor bench bench-scale gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
+.PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor envs envs-prune bench bench-scale gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -117,6 +117,12 @@ runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, 
 
 doctor: setup ## Versions, interfaces, TCP per node pair, allreduce sweep, known log failures -> verdicts: [INVENTORY]
 	$(BIN)/ddp doctor --inventory "$(INVENTORY)" $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
+
+envs: setup ## The job environments on shared storage: key, size, last use, runs, packages
+	$(BIN)/ddp envs --inventory "$(INVENTORY)"
+
+envs-prune: setup ## Remove the job environments no launch used for DAYS days (default 30), but those of running runs
+	$(BIN)/ddp envs --inventory "$(INVENTORY)" --prune-days "$(or $(DAYS),30)"
 
 bench: setup ## Figures of merit p1-p4, p6 (allreduce/link, scaling, no-op rerun, checkpoint stall, launch) -> bench.json
 	$(BIN)/ddp bench --inventory "$(INVENTORY)"

@@ -3,6 +3,7 @@
     ddp train [--inventory inventory/local] [--program x.py --args '...'] ...
     ddp status|logs|stop|report [--run ID] ...
     ddp runs
+    ddp envs [--prune-days N]
     ddp doctor|bench [--inventory inventory/local]
 
 The make targets of the same names call it; it works the same without make, from the repository's .venv.
@@ -20,6 +21,7 @@ from . import control
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "launch a run on the inventory's training nodes and follow it to the end"),
     **{action: ("control", text) for action, text in control.ACTIONS.items()},
+    "envs": ("envs", "the job environments on shared storage (size, last use, runs); --prune-days N removes old ones"),
     "doctor": ("doctor", "is this cluster fit to train? versions, interfaces, links, allreduce, known log failures"),
     "bench": ("bench", "the figures of merit, each a ratio of two numbers measured in one run -> bench.json"),
 }

@@ -17,6 +17,8 @@ LOG_REPORT = "ddp_node.log/1"
 BUSY_REPORT = "ddp_node.busy/1"
 # What files/ddp_env.py place prints: whether the job's environment was there already, or was put in place.
 ENV_REPORT = "ddp_env.place/1"
+# ... and its list: the environments on shared storage, and those a prune removed.
+ENV_LIST_REPORT = "ddp_env.list/1"
 # What files/ddp_data.py stage prints on each node: how much of the dataset its local copy needed.
 STAGE_REPORT = "ddp_data.stage/1"
 # run.json's "version": raised when a field changes meaning or goes away (new fields keep it).

@@ -28,7 +28,8 @@ def test_every_reader_knows_the_kinds_the_runner_prints():
         ddp_node.BUSY_REPORT,
     )
     files = RUNNER.parent
-    assert contract.ENV_REPORT == load("ddp_env", files / "ddp_env.py").PLACE_REPORT
+    ddp_env = load("ddp_env", files / "ddp_env.py")
+    assert (contract.ENV_REPORT, contract.ENV_LIST_REPORT) == (ddp_env.PLACE_REPORT, ddp_env.LIST_REPORT)
     assert contract.STAGE_REPORT == load("ddp_data", files / "ddp_data.py").STAGE_REPORT
     # The callback in a process of its own: importing Ansible's plugins patches sys.intern, which breaks
     # torch.compile in every later test of this process.

@@ -9,6 +9,11 @@
                                    {"kind": "ddp_env.place/1", "key", "found", "placed", "packages"}; a run that
                                    finds or places it marks it used (its mtime), for `ddp envs`
 
+    ddp_env.py list SPEC_JSON      the environments in ENVS: {"kind": "ddp_env.list/1", "envs": [{"key", "bytes",
+                                   "last_used", "packages"}], "removed": [...]}; with "prune_days" in SPEC_JSON,
+                                   removes those unused for that many days first, each under its lock, except the
+                                   keys in "keep" (environments of runs still running)
+
 SPEC_JSON: {"envs", "key", "incoming"} (incoming may be absent: then only look). An environment is never used
 half-made: only a complete one is renamed into place, and a concurrent run of the same key, which waits on the
 lock, finds it there and drops its own copy. Standard library only.
@@ -22,10 +27,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 BASE_REPORT = "ddp_env.base/1"
 PLACE_REPORT = "ddp_env.place/1"
+LIST_REPORT = "ddp_env.list/1"
 PACKAGES_FILE = "packages.json"  # written by library/ddp_job_env.py beside site-packages
 # Run by the runtime's own python: the environment the job would run in, not this script's.
 BASE_PROBE = """
@@ -69,13 +77,53 @@ def used(env: Path) -> list[str] | None:
     return json.loads(listed.read_text()) if listed.is_file() else None
 
 
+def listing(spec: dict[str, Any]) -> dict[str, object]:
+    envs = Path(spec["envs"])
+    keys = sorted(p.name for p in envs.iterdir() if p.is_dir() and not p.name.startswith(".")) if envs.is_dir() else []
+    removed = []
+    if spec.get("prune_days") is not None:
+        cutoff = time.time() - float(spec["prune_days"]) * 86400
+        for key in keys:
+            if key not in spec.get("keep", []) and prune(envs, key, cutoff):
+                removed.append(key)
+    found = []
+    for key in keys:
+        env = envs / key
+        if key in removed or not env.is_dir():
+            continue
+        listed = env / PACKAGES_FILE
+        found.append(
+            {
+                "key": key,
+                "bytes": sum(f.stat().st_size for f in env.rglob("*") if f.is_file() and not f.is_symlink()),
+                "last_used": env.stat().st_mtime,
+                "packages": json.loads(listed.read_text()) if listed.is_file() else None,
+            }
+        )
+    return {"kind": LIST_REPORT, "envs": found, "removed": removed}
+
+
+def prune(envs: Path, key: str, cutoff: float) -> bool:
+    """Removes ENVS/KEY if it was last used before cutoff, under the key's lock: a launch that finds it in that
+    moment either finds it whole (and marks it used, which keeps it) or not at all (and makes it again)."""
+    with (envs / f"{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        env = envs / key
+        if not env.is_dir() or env.stat().st_mtime >= cutoff:
+            return False
+        doomed = envs / f".removing-{key}"
+        env.rename(doomed)
+    shutil.rmtree(doomed)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] not in ("base", "place"):
+    commands = {"base": base, "place": place, "list": listing}
+    if len(args) != 2 or args[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
-    spec = json.loads(args[1])
-    print(json.dumps(base(spec) if args[0] == "base" else place(spec)))
+    print(json.dumps(commands[args[0]](json.loads(args[1]))))
     return 0
 
 
