@@ -130,3 +130,14 @@ def test_only_protected_packages_in_another_version_are_refused(tmp_path):
         "requirements.txt line 7",
     ]
     assert "but the runtime pins torchvision 0.20" in found[2]
+
+
+def test_shared_storage_without_room_for_the_environment_refuses_before_writing_anything(tmp_path, capsys):
+    ddp_env = load("ddp_env", ROOT / "ansible/roles/train/files/ddp_env.py")
+    spec = {"envs": str(tmp_path / "envs"), "key": "k", "incoming": str(tmp_path / "envs" / ".incoming-k")}
+    assert ddp_env.main(["receive", json.dumps(spec | {"bytes": 10**18})]) == 1
+    said = capsys.readouterr().err
+    assert f"shared storage at {tmp_path}/envs has " in said and "the job's environment needs 1000000000000 MB" in said
+    assert not (tmp_path / "envs" / ".incoming-k").exists()
+    assert ddp_env.main(["receive", json.dumps(spec | {"bytes": 1000})]) == 0
+    assert (tmp_path / "envs" / ".incoming-k").stat().st_mode & 0o777 == 0o700

@@ -9,6 +9,9 @@
                                    {"kind": "ddp_env.place/1", "key", "found", "placed", "packages"}; a run that
                                    finds or places it marks it used (its mtime), for `ddp envs`
 
+    ddp_env.py receive SPEC_JSON   makes INCOMING (0700) for the environment the controller made, once ENVS has
+                                   room for its "bytes" (and a tenth more); otherwise exits 1 saying how much
+                                   each side has, before anything is written
     ddp_env.py list SPEC_JSON      the environments in ENVS: {"kind": "ddp_env.list/1", "envs": [{"key", "bytes",
                                    "last_used", "packages"}], "removed": [...]}; with "prune_days" in SPEC_JSON,
                                    removes those unused for that many days first, each under its lock, except the
@@ -34,6 +37,7 @@ from typing import Any
 BASE_REPORT = "ddp_env.base/1"
 PLACE_REPORT = "ddp_env.place/1"
 LIST_REPORT = "ddp_env.list/1"
+RECEIVE_REPORT = "ddp_env.receive/1"
 PACKAGES_FILE = "packages.json"  # written by library/ddp_job_env.py beside site-packages
 # Run by the runtime's own python: the environment the job would run in, not this script's.
 BASE_PROBE = """
@@ -75,6 +79,24 @@ def used(env: Path) -> list[str] | None:
     os.utime(env)
     listed = env / PACKAGES_FILE
     return json.loads(listed.read_text()) if listed.is_file() else None
+
+
+class NoRoom(OSError):
+    """Shared storage has not the room an environment needs."""
+
+
+def receive(spec: dict[str, Any]) -> dict[str, object]:
+    envs, incoming, needed = Path(spec["envs"]), Path(spec["incoming"]), int(spec["bytes"])
+    envs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    free = shutil.disk_usage(envs).free
+    if free < needed * 1.1:
+        raise NoRoom(
+            f"shared storage at {envs} has {free / 1e6:.0f} MB free; the job's environment needs {needed / 1e6:.0f} "
+            "MB (and a tenth more): free some (make envs-prune DAYS=N removes old environments) or trim the "
+            "requirements"
+        )
+    incoming.mkdir(mode=0o700)
+    return {"kind": RECEIVE_REPORT, "free": free, "bytes": needed}
 
 
 def listing(spec: dict[str, Any]) -> dict[str, object]:
@@ -119,11 +141,15 @@ def prune(envs: Path, key: str, cutoff: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    commands = {"base": base, "place": place, "list": listing}
+    commands = {"base": base, "place": place, "list": listing, "receive": receive}
     if len(args) != 2 or args[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(commands[args[0]](json.loads(args[1]))))
+    try:
+        print(json.dumps(commands[args[0]](json.loads(args[1]))))
+    except NoRoom as error:
+        print(error, file=sys.stderr)
+        return 1
     return 0
 
 

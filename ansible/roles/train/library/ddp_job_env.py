@@ -42,6 +42,8 @@ key: {description: The environment's key (sha256, 24 hex digits)., type: str, re
 packages: {description: "name==version of each package the environment adds to the runtime's.", type: list,
            returned: with base}
 archive: {description: The environment's site-packages as a tar, for the master., type: str, returned: with base}
+bytes: {description: "The tar's size: about what the environment takes on shared storage.", type: int,
+        returned: with base}
 """
 
 # A job may not replace these: the cluster pins them identically on every node, with CUDA and NCCL.
@@ -200,7 +202,13 @@ def make(params: dict[str, object]) -> dict[str, object]:
             info.size = len(listing)
             tar.addfile(info, io.BytesIO(listing))
         listed.write_bytes(listing)
-    return {"key": key, "packages": json.loads(listed.read_text()), "archive": str(kept / "site-packages.tar")}
+    archive = kept / "site-packages.tar"
+    return {
+        "key": key,
+        "packages": json.loads(listed.read_text()),
+        "archive": str(archive),
+        "bytes": archive.stat().st_size,
+    }
 
 
 def main() -> None:
