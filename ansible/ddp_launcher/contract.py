@@ -26,11 +26,13 @@ RUN_RECORD_VERSION = 1
 
 
 def parse_report(stdout: object, kind: str) -> dict[str, Any] | None:
-    """The node runner's report of that kind printed on stdout, or None for any other output."""
-    if not isinstance(stdout, str) or not stdout.startswith('{"kind": '):
+    """The node runner's report of that kind printed on stdout, or None for any other output. The report may
+    follow other output: a login banner, or a blank line that a become method's terminal left."""
+    start = stdout.find('{"kind": ') if isinstance(stdout, str) else -1
+    if start < 0:
         return None
     try:
-        report = json.loads(stdout)
+        report, _ = json.JSONDecoder().raw_decode(stdout, start)
     except json.JSONDecodeError:
         return None
     return report if isinstance(report, dict) and report.get("kind") == kind else None

@@ -75,13 +75,14 @@ def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
     return f"  [{host}] {control.progress_fields(report['metrics'])}, elapsed {control.duration(elapsed_s)}"
 
 
-def env_line(report: dict[str, Any], packages: list[str] | None) -> str:
-    """Whether the job's environment was reused or made, and what it adds to the runtime's."""
+def env_line(report: dict[str, Any], packages: list[str] | None, elapsed_s: float) -> str:
+    """Whether the job's environment was reused or made, what that added to the launch (the stage's time so far:
+    keying it and looking for it, and on a miss making and placing it), and what it adds to the runtime's."""
     key = str(report["key"])[:12]
     if report["found"]:
-        return f"environment {key}: reused from shared storage"
-    added = ", ".join(packages or []) or "nothing beyond the runtime's own"
-    return f"environment {key}: made for this key, adding {added}"
+        return f"environment {key}: reused from shared storage, {elapsed_s:.1f} s"
+    added = ", ".join(report.get("packages") or packages or []) or "nothing beyond the runtime's own"
+    return f"environment {key}: made for this key in {elapsed_s:.1f} s, adding {added}"
 
 
 def data_line(result: dict[str, Any]) -> str:
@@ -166,7 +167,7 @@ class Printer:
             print(f"  [{event['event_data'].get('host', '?')}] {stage_line(report)}", flush=True)
         elif report := task_report(event, ENV_REPORT):
             if report["found"] or report["placed"]:
-                print(f"  {env_line(report, self.env_packages)}", flush=True)
+                print(f"  {env_line(report, self.env_packages, time.monotonic() - self.started)}", flush=True)
         else:
             return False
         return True

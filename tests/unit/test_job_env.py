@@ -4,6 +4,9 @@ would replace the runtime's torch refused before anything is shipped. Offline: t
 found through train_index_options, as a site without a package index would set it."""
 
 import json
+import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -41,6 +44,7 @@ def test_requirements_make_an_environment_once_and_the_next_run_reuses_it(tmp_pa
     assert first.returncode == 0, first.stdout + first.stderr
     built = [line for line in first.stdout.splitlines() if line.startswith("  environment ")]
     assert len(built) == 1 and built[0].endswith("adding ddp-demo-dep==1.0, ddp-demo-leaf==1.2"), first.stdout
+    assert re.search(r": made for this key in \d+\.\d s, adding", built[0]), built[0]
     key = built[0].split()[1].rstrip(":")
     import torch
 
@@ -60,7 +64,9 @@ def test_requirements_make_an_environment_once_and_the_next_run_reuses_it(tmp_pa
     )
     assert (tmp_path / "code" / "requirements.txt").read_text() == requirements
     assert second.returncode == 0, second.stdout + second.stderr
-    assert f"  environment {key}: reused from shared storage\n" in second.stdout, second.stdout
+    # The hit's cost to the launch is shown: keying the requirements and finding the environment.
+    reused = re.search(rf"^  environment {key}: reused from shared storage, (\d+\.\d) s$", second.stdout, re.M)
+    assert reused and 0 < float(reused.group(1)) < 5, second.stdout
     assert "dep says 1.0" in node_log(run_id)
     # A hit records what the environment holds as a miss does, and the run's views show it.
     assert run_record(run_id)["env"]["packages"] == ["ddp-demo-dep==1.0", "ddp-demo-leaf==1.2"]
@@ -141,3 +147,21 @@ def test_shared_storage_without_room_for_the_environment_refuses_before_writing_
     assert not (tmp_path / "envs" / ".incoming-k").exists()
     assert ddp_env.main(["receive", json.dumps(spec | {"bytes": 1000})]) == 0
     assert (tmp_path / "envs" / ".incoming-k").stat().st_mode & 0o777 == 0o700
+
+
+def test_two_runs_placing_the_same_new_environment_at_once_place_it_once(tmp_path):
+    """Each run unpacked its own copy; under the key's lock one renames its copy into place, the other finds it
+    there and drops its own. Nobody ever sees a half-placed environment."""
+    envs = tmp_path / "envs"
+    place = [sys.executable, str(ROOT / "ansible/roles/train/files/ddp_env.py"), "place"]
+    copies = []
+    for run in ("a", "b"):
+        incoming = envs / f".incoming-k-{run}"
+        (incoming / "site-packages").mkdir(parents=True)
+        (incoming / "site-packages" / "made_by.py").write_text(f"RUN = {run!r}\n")
+        copies.append(json.dumps({"envs": str(envs), "key": "k", "incoming": str(incoming)}))
+    racing = [subprocess.Popen([*place, spec], stdout=subprocess.PIPE, text=True) for spec in copies]
+    reports = [json.loads(process.communicate(timeout=60)[0]) for process in racing]
+    assert sorted((r["placed"], r["found"]) for r in reports) == [(False, True), (True, False)], reports
+    assert sorted(p.name for p in envs.iterdir()) == ["k", "k.lock"]  # both incoming copies gone
+    assert (envs / "k" / "site-packages" / "made_by.py").read_text() in ("RUN = 'a'\n", "RUN = 'b'\n")

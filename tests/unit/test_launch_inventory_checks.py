@@ -44,6 +44,11 @@ CASES = {
     ),
     "a job name that is no plain name": (GOOD_GROUPS, {"train_job_name": "../x"}, "train_job_name=../x: not a plain"),
     "a run id with a trailing newline": (GOOD_GROUPS, {"train_run_id": "r1\n"}, "train_run_id=r1\n: not a plain"),
+    "a data name that is no plain name": (
+        GOOD_GROUPS,
+        {"train_data_dir": "/tmp", "train_data_name": "../up"},
+        "train_data_name=../up: not a plain",
+    ),
     "rendezvous port out of range": (GOOD_GROUPS, {"rendezvous_port": 70000}, "rendezvous_port=70000: not a port"),
     "unknown runtime": (GOOD_GROUPS, {"train_runtime": "kubernetes"}, "train_runtime"),
     "rendezvous port is the SSH port": (

@@ -170,3 +170,12 @@ def test_no_task_title_carries_meaning_in_python():
 )
 def test_the_title_scan_sees_a_title_or_its_prefix(literal, matched):
     assert (matches_a_title(literal, task_titles()) is not None) is matched
+
+
+def test_a_report_is_found_after_other_output_and_only_of_its_kind():
+    report = {"kind": contract.ENV_REPORT, "key": "k", "found": True, "placed": False}
+    for stdout in (json.dumps(report), "\r\n" + json.dumps(report) + "\r\n", "Welcome to node0\n" + json.dumps(report)):
+        assert contract.parse_report(stdout, contract.ENV_REPORT) == report, repr(stdout)
+    assert contract.parse_report(json.dumps(report), contract.POLL_REPORT) is None
+    assert contract.parse_report('{"kind": "ddp_env.place/1", "key"', contract.ENV_REPORT) is None  # cut short
+    assert contract.parse_report(None, contract.ENV_REPORT) is None
