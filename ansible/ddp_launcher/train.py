@@ -55,8 +55,6 @@ STAGES = {
 PACK_MODULE = "ddp_pack_workdir"
 # The module that packs a dataset's changes; its result says what moves.
 DATA_MODULE = "ddp_pack_data"
-# The module that keys the job's environment and, on a miss, resolves it; its result names the packages.
-ENV_MODULE = "ddp_job_env"
 
 
 def stage_of(task_path: str | None) -> str | None:
@@ -75,13 +73,13 @@ def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
     return f"  [{host}] {control.progress_fields(report['metrics'])}, elapsed {control.duration(elapsed_s)}"
 
 
-def env_line(report: dict[str, Any], packages: list[str] | None, elapsed_s: float) -> str:
+def env_line(report: dict[str, Any], elapsed_s: float) -> str:
     """Whether the job's environment was reused or made, what that added to the launch (the stage's time so far:
     keying it and looking for it, and on a miss making and placing it), and what it adds to the runtime's."""
     key = str(report["key"])[:12]
     if report["found"]:
         return f"environment {key}: reused from shared storage, {elapsed_s:.1f} s"
-    added = ", ".join(report.get("packages") or packages or []) or "nothing beyond the runtime's own"
+    added = ", ".join(report.get("packages") or []) or "nothing beyond the runtime's own"
     return f"environment {key}: made for this key in {elapsed_s:.1f} s, adding {added}"
 
 
@@ -117,7 +115,6 @@ class Printer:
         self.last_progress: dict[str, str] = {}
         self.stages_seen: set[str] = set()
         self.started = time.monotonic()
-        self.env_packages: list[str] | None = None
         self.waiting_on: str | None = None
 
     def __call__(self, event: dict[str, Any]) -> bool:
@@ -139,8 +136,6 @@ class Printer:
             )
         elif self._preparation(event):
             pass
-        elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == ENV_MODULE:
-            self.env_packages = result.get("packages", self.env_packages)
         elif kind == "runner_on_ok" and data.get("resolved_action", data.get("task_action")) == DATA_MODULE:
             print(f"  {data_line(result)}", flush=True)
         elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
@@ -167,7 +162,7 @@ class Printer:
             print(f"  [{event['event_data'].get('host', '?')}] {stage_line(report)}", flush=True)
         elif report := task_report(event, ENV_REPORT):
             if report["found"] or report["placed"]:
-                print(f"  {env_line(report, self.env_packages, time.monotonic() - self.started)}", flush=True)
+                print(f"  {env_line(report, time.monotonic() - self.started)}", flush=True)
         else:
             return False
         return True

@@ -6,21 +6,12 @@ import json
 import uuid
 
 import pytest
-from _make import ARTIFACTS, make, make_train, node_log, run_record
+from _make import ARTIFACTS, ROOT, make, make_train, node_log, run_record
+from _modules import load
 
 pytestmark = pytest.mark.slow
 
-# Rank 0 saves a checkpoint and dies with the code given; the next attempt finds the checkpoint and finishes.
-FLAKY = """import os, pathlib, sys
-checkpoint = pathlib.Path(os.environ["DDP_CHECKPOINT_DIR"]) / "ckpt-000005.pt"
-if os.environ["RANK"] == "0":
-    if checkpoint.exists():
-        print(f"resumed from {checkpoint.name}")
-    else:
-        checkpoint.write_text("step 5")
-        print("failing after step 5")
-        sys.exit(int(sys.argv[1]))
-"""
+FLAKY = load("jobs", ROOT / "molecule" / "shared" / "jobs.py").FLAKY
 
 
 def launch(tmp_path, exit_code: int, retries: int):

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from jobs import FLAKY
 from testhosts import container
 from train_run import (
     ARTIFACTS,
@@ -157,23 +158,11 @@ def test_a_dataset_reaches_shared_storage_as_the_job_s_and_every_node_reads_it(t
     assert json.loads((run_dir / "run.json").read_text())["data"]["sent_files"] == 2
 
 
-# Rank 0 saves a checkpoint and dies with exit code 3; the retry finds the checkpoint and finishes.
-FLAKY = """import os, pathlib, sys
-checkpoint = pathlib.Path(os.environ["DDP_CHECKPOINT_DIR"]) / "ckpt-000005.pt"
-if os.environ["RANK"] == "0":
-    if checkpoint.exists():
-        print(f"resumed from {checkpoint.name}")
-    else:
-        checkpoint.write_text("step 5")
-        sys.exit(3)
-"""
-
-
 def test_a_run_that_fails_once_is_retried_across_both_hosts_from_its_checkpoint(tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "flaky.py").write_text(FLAKY)
     job = f"flaky-{uuid.uuid4().hex[:6]}"
-    program = ["--program", str(tmp_path / "code" / "flaky.py"), "--job", job]
+    program = ["--program", str(tmp_path / "code" / "flaky.py"), "--args", "3", "--job", job]
     done = cli("train", *program, "--extra-vars", '{"train_retries": 1}')
     assert done.returncode == 0, done.stdout + done.stderr
     assert "attempt 1 of 2 failed on train-node0: exit code 3; retrying as attempt 2" in done.stdout, done.stdout
