@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,13 @@ REFUSED = {
         "ddp-demo-missing==3",
         ["requirements.txt cannot be resolved for the nodes: Because ddp-demo-missing was not found"],
     ),
+    "is no requirement": (
+        "ddp demo dep",
+        [
+            "requirements.txt line 2: 'ddp demo dep' is not a requirement (Expected semicolon (after name with no "
+            "version specifier) or end)"
+        ],
+    ),
 }
 
 
@@ -165,3 +173,33 @@ def test_two_runs_placing_the_same_new_environment_at_once_place_it_once(tmp_pat
     assert sorted((r["placed"], r["found"]) for r in reports) == [(False, True), (True, False)], reports
     assert sorted(p.name for p in envs.iterdir()) == ["k", "k.lock"]  # both incoming copies gone
     assert (envs / "k" / "site-packages" / "made_by.py").read_text() in ("RUN = 'a'\n", "RUN = 'b'\n")
+
+
+@pytest.mark.slow
+def test_two_launches_at_once_with_the_same_new_requirements_make_one_environment_and_both_train(tmp_path, index):
+    """Both pass the busy check and need the same new key: the controller resolves it once (the second waits on
+    the key's lock and finds it), the master places it once, and with WAIT=1 the launch that loses the cluster at
+    its start waits for the other instead of failing."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "main.py").write_text(PROGRAM + "import time\ntime.sleep(3)\n")
+    (code / "requirements.txt").write_text(f"# {uuid.uuid4().hex}\nddp-demo-dep==1.0\n")
+    offline = json.dumps({"train_index_options": ["--no-index", "--find-links", str(index)]})
+    with ThreadPoolExecutor(2) as pool:
+        launches = [
+            pool.submit(
+                make_train, f"PROGRAM={code}/main.py", f"JOB=unit-env-{name}", "WAIT=1", f"EXTRA_VARS={offline}"
+            )
+            for name in ("a", "b")
+        ]
+        results = [launch.result() for launch in launches]
+    for done, run_id in results:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "dep says 1.0" in node_log(run_id)
+    said = [next(line for line in done.stdout.splitlines() if line.startswith("  environment ")) for done, _ in results]
+    assert sorted(": made for this key in" in line for line in said) == [False, True], said
+    assert sum(": reused from shared storage" in line for line in said) == 1, said
+    keys = {run_record(run_id)["env"]["key"] for _, run_id in results}
+    assert len(keys) == 1
+    placed = [path.name for path in (ROOT / "runs/ddp/envs").iterdir() if path.name.startswith(next(iter(keys)))]
+    assert sorted(placed) == sorted([next(iter(keys)), next(iter(keys)) + ".lock"]), placed

@@ -77,3 +77,46 @@ def test_a_holder_that_dies_leaves_its_file_but_no_lock(tmp_path):
     )  # fmt: skip
     assert third.returncode == 0, third.stderr
     assert json.loads(lock.read_text())["run_id"] == "third"
+
+
+def test_a_start_that_finds_the_cluster_taken_says_by_whom_and_starts_nothing(tmp_path):
+    """Two launches at once both pass the busy check; the master's start is where the second learns it lost."""
+    lock = tmp_path / "shared" / "cluster.lock"
+    first = hold(tmp_path, lock, tmp_path / "metrics.jsonl")
+    try:
+        launched_pgid(tmp_path / "first")
+        second = run_runner(
+            "start", *node_args(tmp_path / "second", tmp_path / "shared"), "--cluster-lock", str(lock),
+            "--", "touch", str(tmp_path / "second-ran"),
+        )  # fmt: skip
+        assert second.returncode == 3, second.stderr
+        report = json.loads(second.stdout)
+        assert report["pgid"] is None and report["busy"]["holder"]["run_id"] == HOLDER["run_id"]
+        assert report["busy"]["message"].startswith(f"the cluster is busy with run {HOLDER['run_id']} (job first)")
+        assert not (tmp_path / "second-ran").exists()
+    finally:
+        first.kill()
+        first.wait()
+        end_leftovers(tmp_path / "first")
+
+
+def test_a_start_told_to_wait_takes_the_cluster_once_its_holder_ends(tmp_path):
+    lock = tmp_path / "shared" / "cluster.lock"
+    argv = ["launch", *node_args(tmp_path / "first", tmp_path / "shared"), "--cluster-lock", str(lock)]
+    first = subprocess.Popen([sys.executable, str(RUNNER), *argv, "--holder", json.dumps(HOLDER), "--", "sleep", "3"])
+    try:
+        launched_pgid(tmp_path / "first")
+        second = run_runner(
+            "start", *node_args(tmp_path / "second", tmp_path / "shared"), "--cluster-lock", str(lock),
+            "--holder", json.dumps({"run_id": "second"}), "--lock-wait", "60",
+            "--", "touch", str(tmp_path / "second-ran"), timeout_s=60,
+        )  # fmt: skip
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert first.wait(timeout=5) == 0  # the first ran to its end: the second waited for it
+        assert json.loads(second.stdout)["busy"] is None
+        wait_for((tmp_path / "second-ran").exists, "the waiting start's job ran")
+    finally:
+        first.kill()
+        first.wait()
+        end_leftovers(tmp_path / "first")
+        end_leftovers(tmp_path / "second")

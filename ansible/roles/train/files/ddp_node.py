@@ -86,26 +86,40 @@ WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
 COULD_NOT_START = 127
 # This call's own exit, once --deadline has passed (the shell's code for a command killed by its timeout).
 DEADLINE_PASSED = 124
+# How often a launch that waits for the cluster tries its lock again.
+LOCK_RETRY_S = 1.0
+# start's exit when the cluster was taken by another run between the busy check and this start.
+CLUSTER_TAKEN = 3
 
 
 class ClusterBusy(RuntimeError):
-    """Another run holds the cluster's lock."""
+    """Another run holds the cluster's lock: holder names it."""
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        super().__init__(busy_message(holder))
+        self.holder = holder
 
 
-def hold_cluster(lock: Path, holder: dict[str, Any]) -> int:
+def hold_cluster(lock: Path, holder: dict[str, Any], wait_s: float = 0.0) -> int:
     """Takes the cluster's lock for as long as the returned descriptor stays open, and writes the holder into it
-    for `busy` to show. ClusterBusy names the run that has it."""
+    for `busy` to show. A lock another run holds is tried again for up to wait_s; then ClusterBusy names that run."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        # A POSIX lock, not flock: an NFS client's lock and one taken on the server's own disk (a master that
-        # is also the NFS server) see each other only as POSIX locks.
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        os.close(handle)
-        if error.errno not in (errno.EACCES, errno.EAGAIN):
-            raise
-        raise ClusterBusy(busy_message(cluster_holder(lock) or {})) from None
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            # A POSIX lock, not flock: an NFS client's lock and one taken on the server's own disk (a master that
+            # is also the NFS server) see each other only as POSIX locks.
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN) or time.monotonic() >= give_up:
+                os.close(handle)
+                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                raise ClusterBusy(cluster_holder(lock) or {}) from None
+        # Polled, not a blocking F_SETLKW: a blocked lock request on an NFS client outlives a stop of this run.
+        time.sleep(LOCK_RETRY_S)
     os.ftruncate(handle, 0)
     os.pwrite(handle, (json.dumps(holder | {"pid": os.getpid(), "host": platform.node()}) + "\n").encode(), 0)
     os.fsync(handle)
@@ -152,6 +166,16 @@ def busy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _take_cluster(node_dir: Path, lock: Path, holder: dict[str, Any], wait_s: float) -> None:
+    """hold_cluster, and on refusal the run that has the cluster in node_dir/busy, for start to report."""
+    try:
+        hold_cluster(lock, holder, wait_s)
+    except ClusterBusy as taken:
+        node_dir.mkdir(parents=True, exist_ok=True)
+        (node_dir / "busy").write_text(json.dumps({"message": str(taken), "holder": taken.holder}) + "\n")
+        raise
+
+
 def launch(
     node_dir: Path,
     shared_dir: Path,
@@ -163,10 +187,11 @@ def launch(
     grace_s: float = 15.0,
     cluster_lock: Path | None = None,
     holder: dict[str, Any] | None = None,
+    lock_wait_s: float = 0.0,
 ) -> int:
     # Held until this process ends, whatever ends it: the lock goes with the last open descriptor.
     if cluster_lock is not None:
-        hold_cluster(cluster_lock, holder or {})
+        _take_cluster(node_dir, cluster_lock, holder or {}, lock_wait_s)
     node_dir.mkdir(parents=True, exist_ok=True)
     shared_dir.mkdir(parents=True, exist_ok=True)
     if mark_start is not None:
@@ -246,7 +271,7 @@ def _worker_exit_code(log: Path, start: int) -> int | None:
 def start(args: argparse.Namespace, command: list[str]) -> int:
     """launch() in a grandchild of its own session: it outlives this call, and no pipe of the caller stays open."""
     args.node_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("pgid", "exit"):
+    for stale in ("pgid", "exit", "busy"):
         (args.node_dir / stale).unlink(missing_ok=True)
     child = os.fork()
     if child == 0:  # pragma: no cover (runs in the detached process: its effects are what the tests check)
@@ -262,14 +287,24 @@ def start(args: argparse.Namespace, command: list[str]) -> int:
         finally:
             os._exit(code & 0xFF)
     os.waitpid(child, 0)
-    deadline = time.monotonic() + 60  # pragma: no mutate (a bound on a hung fork; a start takes milliseconds)
+    # A bound on a hung fork (a start takes milliseconds), beyond the time the start may wait for the cluster.
+    deadline = time.monotonic() + 60 + args.lock_wait  # pragma: no mutate
     while True:
         pgid, exit_code = _read_int(args.node_dir / "pgid"), _read_int(args.node_dir / "exit")
         if pgid is not None or exit_code is not None or time.monotonic() > deadline:
             break
         time.sleep(0.02)  # pragma: no mutate (a polling pace)
-    print(json.dumps({"pgid": pgid, "exit_code": exit_code}))
+    taken = _read_text(args.node_dir / "busy") if exit_code is not None else None
+    print(json.dumps({"pgid": pgid, "exit_code": exit_code, "busy": json.loads(taken) if taken else None}))
+    if taken:
+        return CLUSTER_TAKEN
     return 0 if pgid is not None or exit_code is not None else 1
+
+
+def _read_text(path: Path) -> str | None:
+    with contextlib.suppress(OSError), _open_no_link(path) as file:
+        return file.read().decode(errors="replace").strip() or None
+    return None
 
 
 def _launch_from(args: argparse.Namespace, command: list[str]) -> int:
@@ -282,6 +317,7 @@ def _launch_from(args: argparse.Namespace, command: list[str]) -> int:
         timeout_s=args.timeout or None,
         cluster_lock=args.cluster_lock,
         holder=json.loads(args.holder) if args.holder else None,
+        lock_wait_s=args.lock_wait,
     )
 
 
@@ -659,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[name].add_argument("--timeout", type=float, default=0.0, help="seconds; 0: none")
         sub.choices[name].add_argument("--cluster-lock", type=Path)
         sub.choices[name].add_argument("--holder", help="JSON written into the cluster's lock")
+        sub.choices[name].add_argument("--lock-wait", type=float, default=0.0, help="seconds to wait for the lock")
         sub.choices[name].add_argument("command", nargs=argparse.REMAINDER)
     sub.choices["poll"].add_argument("--nodes", required=True)
     sub.choices["poll"].add_argument("--metrics", type=Path)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -99,7 +100,9 @@ def protected_conflicts(requirements: Path, pins: dict[str, str]) -> list[str]:
         try:
             wanted = Requirement(text)
         except InvalidRequirement as error:
-            raise EnvError(f"{requirements.name} line {number}: {text!r} is not a requirement ({error})") from None
+            # packaging's message goes on to draw the line with a caret under the fault: its first line is enough.
+            why = str(error).splitlines()[0]
+            raise EnvError(f"{requirements.name} line {number}: {text!r} is not a requirement ({why})") from None
         name = canonical(wanted.name)
         pinned = pins.get(name)
         if PROTECTED.fullmatch(name) and pinned and not wanted.specifier.contains(pinned, prereleases=True):
@@ -187,21 +190,12 @@ def make(params: dict[str, object]) -> dict[str, object]:
         raise EnvError(" ".join(conflicts))
     kept = Path(str(params["cache_dir"])) / key
     listed = kept / PACKAGES_FILE
-    if not listed.is_file():  # made once per key on this controller; a half-made one has no packages.json
-        shutil.rmtree(kept, ignore_errors=True)
-        kept.mkdir(parents=True)
-        with tempfile.TemporaryDirectory() as work:
-            packages = resolve(requirements, base, index_options, Path(work))  # type: ignore[arg-type]
-        (kept / "site-packages").mkdir()
-        if packages:
-            install(packages, base, index_options, kept / "site-packages")  # type: ignore[arg-type]
-        listing = (json.dumps(packages) + "\n").encode()
-        with tarfile.open(kept / "site-packages.tar", "w") as tar:
-            tar.add(kept / "site-packages", arcname="site-packages")
-            info = tarfile.TarInfo(PACKAGES_FILE)  # the placed environment says what it holds, for later runs
-            info.size = len(listing)
-            tar.addfile(info, io.BytesIO(listing))
-        listed.write_bytes(listing)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with (kept.parent / f".{key}.lock").open("w") as lock:
+        # Two launches of one key at once: the second waits here, then finds the first's.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not listed.is_file():
+            make_kept(requirements, base, index_options, kept)  # type: ignore[arg-type]
     archive = kept / "site-packages.tar"
     return {
         "key": key,
@@ -209,6 +203,26 @@ def make(params: dict[str, object]) -> dict[str, object]:
         "archive": str(archive),
         "bytes": archive.stat().st_size,
     }
+
+
+def make_kept(requirements: Path, base: dict[str, object], index_options: list[str], kept: Path) -> None:
+    """The environment's packages, resolved and installed for the nodes, kept in kept/ and packed for them. Made
+    once per key on this controller; a half-made one has no packages.json and is made again."""
+    listed = kept / PACKAGES_FILE
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as work:
+        packages = resolve(requirements, base, index_options, Path(work))  # type: ignore[arg-type]
+    (kept / "site-packages").mkdir()
+    if packages:
+        install(packages, base, index_options, kept / "site-packages")  # type: ignore[arg-type]
+    listing = (json.dumps(packages) + "\n").encode()
+    with tarfile.open(kept / "site-packages.tar", "w") as tar:
+        tar.add(kept / "site-packages", arcname="site-packages")
+        info = tarfile.TarInfo(PACKAGES_FILE)  # the placed environment says what it holds, for later runs
+        info.size = len(listing)
+        tar.addfile(info, io.BytesIO(listing))
+    listed.write_bytes(listing)
 
 
 def main() -> None:
