@@ -27,9 +27,9 @@ ROLE ?=
 # Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
 MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
-# `make test` runs two lanes at once: the container roles, and the roles on QEMU VMs then e2e then the container
-# roles in AFTER_E2E_ROLES, so that both lanes end about together (docs/testing.md has the times). A third lane
-# only made every stage slower on 2 cores. Test runs never collide (molecule/testrun.sh).
+# `make test` runs two lanes at once: lint, unit and the container roles; and the image builds, the roles on QEMU
+# VMs, e2e, then the container roles in AFTER_E2E_ROLES, so that both lanes end about together (docs/testing.md
+# has the times). A third lane only made every stage slower on 2 cores. Test runs never collide (molecule/testrun.sh).
 VM_ROLES := nfs_client
 AFTER_E2E_ROLES := ca_trust
 CONTAINER_ROLES := $(filter-out $(VM_ROLES) $(AFTER_E2E_ROLES),$(MOLECULE_ROLES))
@@ -76,16 +76,17 @@ molecule-all: setup test-hosts ## Run the scenarios of every role
 	  tests/stage.sh "molecule $$role" $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
-test: setup ## Everything CI runs: lint and unit beside the test-host builds, then two lanes: container roles | VM roles, e2e, ca_trust
-	@# The host's own apt installs first, alone: the hosts lane installs with apt too, and dpkg takes one at a time.
+test: setup ## Everything CI runs, in two lanes at once: lint, unit, container roles | image builds, VM roles, e2e, ca_trust
+	@# The host's own apt installs first, alone: the VM lane installs with apt too, and dpkg takes one at a time.
 	tests/host/ensure-tools.sh
-	@# The builds mostly wait on the Debian mirror (debootstrap), so they cost the checks little CPU.
-	tests/lanes.sh \
-	  checks "tests/stage.sh lint $(MAKE) --no-print-directory lint && tests/stage.sh unit $(MAKE) --no-print-directory unit" \
-	  hosts "$(MAKE) --no-print-directory test-hosts vm-images"
+	@# The VM lane, the longest, starts at once: its image builds mostly wait on the Debian mirror, beside lint and
+	@# unit. The container roles wait for the test-host images under test-hosts' lock if the builds still run.
 	trap molecule/cleanup.sh EXIT; tests/lanes.sh \
-	  containers "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(CONTAINER_ROLES)'" \
-	  vms "$(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(VM_ROLES)' && \
+	  containers "tests/stage.sh lint $(MAKE) --no-print-directory lint && \
+	              tests/stage.sh unit $(MAKE) --no-print-directory unit && \
+	              $(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(CONTAINER_ROLES)'" \
+	  vms "tests/stage.sh hosts $(MAKE) --no-print-directory test-hosts vm-images && \
+	       $(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(VM_ROLES)' && \
 	       tests/stage.sh e2e $(MAKE) --no-print-directory e2e && \
 	       $(MAKE) --no-print-directory molecule-all MOLECULE_ROLES='$(AFTER_E2E_ROLES)'"
 

@@ -370,7 +370,7 @@ def test_start_of_a_command_that_cannot_run_records_its_failure(tmp_path):
     node_dir, shared = tmp_path / "node", tmp_path / "shared"
     started = run_runner("start", *node_args(node_dir, shared), "--", str(tmp_path / "no-such-torchrun"))
     assert started.returncode == 0
-    assert json.loads(started.stdout) == {"pgid": None, "exit_code": ddp_node.COULD_NOT_START}
+    assert json.loads(started.stdout) == {"pgid": None, "exit_code": ddp_node.COULD_NOT_START, "busy": None}
     polled = run_runner("poll", *node_args(node_dir, shared), "--nodes", "node0")
     report = json.loads(polled.stdout)
     assert (polled.returncode, report["job"], report["reason"]) == (1, "failed", "exit code 127")

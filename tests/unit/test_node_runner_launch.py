@@ -10,7 +10,7 @@ from pathlib import Path
 
 from _node_runner import ddp_node, launched_pgid, launcher, wait_for
 
-STATUS_KEYS = {"beat", "exit_code", "ended", "stopped", "timed_out", "slowest_write_s", "worker_exit_code"}
+STATUS_KEYS = {"beat", "exit_code", "ended", "stopped", "timed_out", "slowest_write_s", "worker_exit_code", "progress"}
 
 
 def run_in_process(monkeypatch, heartbeat_every_s: float) -> None:
@@ -39,6 +39,7 @@ def test_the_first_status_is_there_before_the_job_starts_in_directories_launch_c
         "timed_out": False,
         "slowest_write_s": 0.0,
         "worker_exit_code": None,
+        "progress": None,
     }
     final = read_status(shared)
     assert set(final) == STATUS_KEYS

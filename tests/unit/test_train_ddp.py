@@ -215,3 +215,9 @@ def test_sigterm_stops_every_rank_cleanly(tmp_path):
     for rank in (0, 1):
         assert f"[rank {rank}] stopping: received SIGTERM; process group destroyed" in stderr, stderr
     assert summary(tmp_path)["status"] == "terminated"
+
+
+def test_every_rank_reports_the_step_it_reached_for_the_hang_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDP_PROGRESS_DIR", str(tmp_path))
+    train("--max-steps", "3", "--output-dir", tmp_path / "out")
+    assert {path.name: path.read_text() for path in tmp_path.glob("rank-*")} == {"rank-0": "3\n", "rank-1": "3\n"}

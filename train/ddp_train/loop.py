@@ -21,6 +21,7 @@ from .data import BatchStream
 from .distributed import DistInfo, all_gather_object, barrier, print0
 from .metrics import CommTimer, MetricsLog, RunStats, peak_memory_bytes, progress_line
 from .models import loss_and_correct
+from .progress import Progress
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Trainer:
     saved_step: int | None = None
     stats: RunStats = field(default_factory=RunStats)
     rank_nodes: list[str] = field(default_factory=list)  # the host of every rank, by rank
+    progress: Progress = field(default_factory=lambda: Progress(None, 0))  # the step reached, for hang checks
 
     @property
     def global_batch(self) -> int:
@@ -89,6 +91,8 @@ def train_step(t: Trainer) -> torch.Tensor:
         with nullcontext() if micro == accum - 1 else t.model.no_sync():
             with autocast(t.cfg.precision, device):
                 loss, correct = loss_and_correct(t.model(x), y)
+            if micro == accum - 1:  # the backward pass to come waits for every rank
+                t.progress.reached(t.step + 1)
             t.scaler.scale(loss / accum).backward()
         totals += torch.stack([loss.detach().float(), correct.float(), torch.tensor(y.numel(), device=device)])
     if t.cfg.optim.grad_clip:

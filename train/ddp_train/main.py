@@ -44,6 +44,7 @@ from .distributed import (
 from .loop import Trainer, reap_checkpoints, train
 from .metrics import MetricsLog
 from .models import build_model
+from .progress import Progress
 
 
 def preflight(cfg: Config) -> None:
@@ -156,6 +157,7 @@ def run(cfg: Config, info: DistInfo) -> None:
         writer=ckpt.Writer(cfg.checkpoint.keep_last, cfg.checkpoint.async_) if ckpt_dir and info.is_main else None,
         tokens_per_sample=cfg.data.seq_len if cfg.data.dataset in TOKEN_DATASETS else 0,
         rank_nodes=all_gather_object(socket.gethostname()),
+        progress=Progress.from_env(info.rank),
     )
     if state:
         restore(state, t)

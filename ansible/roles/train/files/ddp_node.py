@@ -18,21 +18,23 @@
         launch in a process of its own, detached from the caller (Ansible's script call, which ends and removes
         this file): returns once the job runs, or once it could not start, printing {"pgid", "exit_code"}.
     ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
-                     [--wait W]
+                     [--wait W] [--hang-after H]
         Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
         "failed" with the name of the node that failed first, or "stopped": every node ended by `stop`), and the
         latest metrics line when FILE exists here. With W, it watches for up to W seconds and answers as soon
         as the job is over: a run's end is seen within a fraction of a second, not a poll period later.
         Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
         `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
-        more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
+        more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree). With H, a
+        job whose node furthest behind reports no new rank step (DDP_PROGRESS_DIR) for H seconds is failed, hung.
     ddp_node.py read-log --node-dir D [--offset N]
         Prints {"offset": END, "text": ..., "ended": BOOL}: this node's log from byte N on, and whether its part
         of the job has ended (for `make logs`, following).
-    ddp_node.py stop --node-dir D [--grace S] [--container NAME]
+    ddp_node.py stop --node-dir D [--grace S] [--container NAME] [--dump-stacks]
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
         anything of the run is left. The node's status then records that the play, not a fault, ended it.
+        --dump-stacks first takes the ranks' Python stacks (py-spy), written to the log's end after the stop.
     ddp_node.py collect --out TAR --node NAME --log LOG
                         [--since FILE --work-dir W --checkpoints C --metrics M [--all-checkpoints]
                          [--glob G ...] [--max-bytes N]]
@@ -57,6 +59,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +83,8 @@ NEVER_STARTED_AFTER_S = 90.0  # pragma: no mutate (an allowance: any over a minu
 # torchrun's line for a failed rank's exit code, in its "Root Cause" report.
 WORKER_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
 JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other program sets)
+# Where the job's ranks report how far they got: each writes the step it has reached to rank-<RANK> in it.
+PROGRESS_DIR_VAR = "DDP_PROGRESS_DIR"  # pragma: no mutate (its name is documented for programs to use)
 # How often a waiting poll looks at the status files again: the delay between a run's end and the launch seeing it.
 WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
 # Exit code recorded for a command that could not even be started (the shell's "command not found").
@@ -215,6 +220,8 @@ def launch(
     # Every process of the job inherits the tag, also those that leave the group: torchrun starts each rank in
     # a session of its own, so a torchrun killed mid-restart would otherwise leave its ranks running.
     env = {**os.environ, JOB_TAG_VAR: _job_tag(node_dir)}
+    progress_dir = Path(env.setdefault(PROGRESS_DIR_VAR, str(node_dir / "progress")))
+    progress_dir.mkdir(parents=True, exist_ok=True)
     with (node_dir / "node.log").open("ab") as log:
         log_start = log.tell()  # where this launch's output begins (an earlier launch of the run's may precede)
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -225,7 +232,7 @@ def launch(
         count = 0
         while not done.wait(HEARTBEAT_EVERY_S):
             count += 1
-            write_status(beat=count, exit_code=None)
+            write_status(beat=count, exit_code=None, progress=ranks_progress(progress_dir))
 
     beater = threading.Thread(target=beat, daemon=True)  # pragma: no mutate (joined below, unless interrupted)
     beater.start()
@@ -253,6 +260,18 @@ def launch(
     )
     (node_dir / "exit").write_text(f"{code}\n")
     return code
+
+
+def ranks_progress(directory: Path) -> dict[str, int] | None:
+    """The step the node's slowest rank has reached, and how many ranks report one (None: no rank reports)."""
+    steps = []
+    with contextlib.suppress(OSError):
+        for path in directory.glob("rank-*"):
+            if not path.name.removeprefix("rank-").isdigit():
+                continue  # a rank's write in progress
+            with contextlib.suppress(OSError, ValueError), _open_no_link(path) as file:
+                steps.append(int(file.read(32)))
+    return {"step": min(steps), "ranks": len(steps)} if steps else None
 
 
 def _worker_exit_code(log: Path, start: int) -> int | None:
@@ -355,6 +374,7 @@ def _write_status(
     timed_out: bool = False,
     slowest_write_s: float,
     worker_exit_code: int | None = None,
+    progress: dict[str, int] | None = None,
 ) -> None:
     # Rewritten in place, never replaced: an NFS client's open() revalidates an existing file (close-to-open),
     # while a file created later can stay hidden behind a cached negative lookup for up to a minute.
@@ -366,6 +386,7 @@ def _write_status(
         "timed_out": timed_out,
         "slowest_write_s": slowest_write_s,
         "worker_exit_code": worker_exit_code,
+        "progress": progress,
     }
     path.write_text(json.dumps(status) + "\n")
 
@@ -462,10 +483,16 @@ def _last_line(path: Path) -> dict[str, object] | None:
 
 
 def job_state(
-    shared_dir: Path, nodes: list[str], stale_after_s: float, now: float, seen: dict[str, dict[str, float]]
+    shared_dir: Path,
+    nodes: list[str],
+    stale_after_s: float,
+    now: float,
+    seen: dict[str, dict[str, Any]],
+    *,
+    hang_after_s: float = 0.0,
 ) -> dict[str, object]:
     """The whole job's state as seen from the shared run directory. seen (updated here) holds, per node, the
-    last heartbeat count this poller saw and when it first saw it, by this poller's clock."""
+    last heartbeat count and rank progress this poller saw and when it first saw each, by this poller's clock."""
     statuses = {node: _read_status(shared_dir / f"status-{node}.json") for node in nodes}
     exits = {node: status.get("exit_code") if status else None for node, status in statuses.items()}
     failed = [node for node, code in exits.items() if code not in (None, 0) and not statuses[node].get("stopped")]
@@ -490,10 +517,39 @@ def job_state(
             continue
         last = seen.get(node)
         if last is None or last["beat"] != status.get("beat"):
-            seen[node] = {"beat": status.get("beat"), "since": now}
+            seen[node] = (last or {}) | {"beat": status.get("beat"), "since": now}
         elif now - last["since"] > stale_after_s:
             return {"job": "failed", "failed_node": node, "reason": f"no heartbeat for {now - last['since']:.0f} s"}
-    return {"job": "running"}
+    return _hung(statuses, seen, now, hang_after_s) if hang_after_s else {"job": "running"}
+
+
+def _hung(
+    statuses: dict[str, Any], seen: dict[str, dict[str, Any]], now: float, hang_after_s: float
+) -> dict[str, object]:
+    """A job is hung when the node whose ranks are furthest behind reports no new step for hang_after_s. Furthest
+    behind: the lowest step reached (its peers went on into the collective that waits for it), then the longest
+    without a new one. Judged once any rank reports a step; a node whose ranks report none then counts as behind."""
+    running = {node: status for node, status in statuses.items() if status and status.get("exit_code") is None}
+    if not any(status.get("progress") for status in running.values()):
+        return {"job": "running"}  # a program that reports no steps (or none yet): nothing to judge it by
+    stalled = {}
+    for node, status in running.items():
+        step = (status.get("progress") or {}).get("step")
+        mark = seen[node]
+        if "step_since" not in mark or mark.get("step") != step:
+            mark["step"], mark["step_since"] = step, now
+        stalled[node] = (-1 if step is None else step, mark["step_since"])
+    node = min(stalled, key=lambda name: stalled[name])
+    step, since = stalled[node]
+    if now - since <= hang_after_s:
+        return {"job": "running"}
+    where = f"at step {step}" if step >= 0 else "before reporting any step"
+    return {
+        "job": "failed",
+        "failed_node": node,
+        "hung": True,
+        "reason": f"no progress for {now - since:.0f} s (train_hang_after_s): the ranks of {node} stopped {where}",
+    }
 
 
 def _first_to_end(failed: list[str], statuses: dict[str, Any]) -> str:
@@ -513,7 +569,7 @@ def poll(args: argparse.Namespace) -> int:
     watch_until = time.monotonic() + args.wait
     while True:
         now = time.time()
-        state = job_state(args.shared_dir, nodes, args.stale_after, now, seen)
+        state = job_state(args.shared_dir, nodes, args.stale_after, now, seen, hang_after_s=args.hang_after)
         if state["job"] != "running" or time.monotonic() >= watch_until:
             break
         time.sleep(WATCH_EVERY_S)
@@ -568,6 +624,12 @@ def stop(args: argparse.Namespace) -> int:
     # Once the job's exit is recorded its process group is gone, and its id may belong to someone else by now:
     # only processes that carry the job's tag are the job's.
     pgid = None if (args.node_dir / "exit").exists() else _read_int(args.node_dir / "pgid")
+    # Taken while the ranks still hang, written once they are stopped: the stacks end the log, where the failure
+    # shows its last lines.
+    stacks = None
+    if args.dump_stacks:
+        alive = not args.container and _job_alive(args.node_dir, pgid)
+        stacks = dump_stacks(args.node_dir) if alive else f"(no stacks: the ranks run in container {args.container})"
     (args.node_dir / "stopping").touch()
     if args.container:
         subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
@@ -586,8 +648,38 @@ def stop(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         stopped = True
     left = _job_alive(args.node_dir, pgid)
+    if stacks:
+        _note_in_log(args.node_dir, "the run made no progress; its ranks' stacks when it was stopped:\n" + stacks)
     print(json.dumps({"stopped": stopped, "left_running": left}))
     return 1 if left else 0
+
+
+def dump_stacks(node_dir: Path) -> str:
+    """The Python stack of each of the job's ranks on this node, by py-spy (next to this interpreter, or on PATH):
+    where a hung rank waits. Says why where none can be taken."""
+    spy = Path(sys.executable).parent / "py-spy"
+    spy_path = str(spy) if spy.is_file() else shutil.which("py-spy")
+    if spy_path is None:
+        return "(no stacks: py-spy is not installed on this node)"
+    dumps = []
+    for pid in sorted(_job_processes(node_dir)):
+        rank = _environment(pid).get("RANK")
+        if rank is None:
+            continue  # torchrun itself: it only waits for its ranks
+        done = subprocess.run(
+            [spy_path, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30, check=False
+        )
+        said = done.stdout if done.returncode == 0 else (done.stderr.strip().splitlines() or ["py-spy failed"])[-1]
+        frames = [line for line in said.splitlines() if line.startswith(("    ", "Thread"))]
+        dumps.append(f"rank {rank} (pid {pid}):" + ("\n" + "\n".join(frames) if frames else f" no stack: {said}"))
+    return "\n".join(dumps) or "(no stacks: no rank of the job is left on this node)"
+
+
+def _environment(pid: int) -> dict[str, str]:
+    with contextlib.suppress(OSError):
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return dict(entry.decode(errors="replace").split("=", 1) for entry in entries if b"=" in entry)
+    return {}
 
 
 def changed_files(directory: Path, since: float, globs: list[str]) -> list[tuple[Path, int]]:
@@ -701,8 +793,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["poll"].add_argument("--metrics", type=Path)
     sub.choices["poll"].add_argument("--stale-after", type=float, default=30.0)
     sub.choices["poll"].add_argument("--wait", type=float, default=0.0, help="watch up to this many seconds")
+    sub.choices["poll"].add_argument("--hang-after", type=float, default=0.0, help="seconds without a new step")
     sub.choices["stop"].add_argument("--grace", type=float, default=15.0)
     sub.choices["stop"].add_argument("--container")
+    sub.choices["stop"].add_argument("--dump-stacks", action="store_true", help="py-spy dump the job first")
     sub.add_parser("busy").add_argument("--lock", type=Path, required=True)
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)

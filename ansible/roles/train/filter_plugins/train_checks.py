@@ -50,9 +50,10 @@ def outcome(
     or every node ended by a stop)."""
     failed_polled = [r for r in polled if r.get("job") == "failed"]
     failed_ended = [r for r in ended if r.get("job") == "failed"]
-    # A heartbeat that stopped while every node still ran is the cause. Otherwise trust what the nodes report
-    # once all have stopped: while a run breaks down, a peer's failure can show before its cause.
-    silent = failed_polled and failed_polled[0]["reason"].startswith(("no heartbeat", "never started"))
+    # A heartbeat or the ranks' progress that stopped while every node still ran is the cause (the stop that
+    # follows ends every node alike). Otherwise trust what the nodes report once all have stopped: while a run
+    # breaks down, a peer's failure can show before its cause.
+    silent = failed_polled and failed_polled[0]["reason"].startswith(("no heartbeat", "never started", "no progress"))
     failed = failed_polled if silent else failed_ended or failed_polled
     if lost:  # a node that vanished is the cause; what its peers report is the consequence
         return {"status": "failed", "node": lost[0], "reason": "unreachable during the run"}

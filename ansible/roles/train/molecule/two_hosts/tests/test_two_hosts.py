@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from jobs import FLAKY
+from jobs import FLAKY, HANG
 from testhosts import container
 from train_run import (
     ARTIFACTS,
@@ -170,6 +170,27 @@ def test_a_run_that_fails_once_is_retried_across_both_hosts_from_its_checkpoint(
     attempts = json.loads((retried / "run.json").read_text())["attempts"]
     assert [(a["status"], a["exit_code"]) for a in attempts] == [("failed", 3), ("succeeded", None)]
     assert "resumed from ckpt-000005.pt" in node_logs(retried)["train-node0"]
+
+
+def test_a_rank_wedged_before_a_collective_is_stopped_naming_its_node_with_the_ranks_stacks(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "hang.py").write_text(HANG)
+    job = f"hang-{uuid.uuid4().hex[:6]}"
+    program = ["--program", str(tmp_path / "code" / "hang.py"), "--job", job]
+    done = cli("train", *program, "--extra-vars", '{"train_hang_after_s": 10}')
+    assert done.returncode != 0
+    # The last rank (train-node1's) wedged before step 3; train-node0's rank waits for it in the all-reduce.
+    assert re.search(
+        r"failed on node train-node1: no progress for \d+ s \(train_hang_after_s\): the ranks of train-node1 stopped "
+        r"at step 2\.",
+        done.stderr,
+    ), done.stderr
+    [run] = [run for run in run_dirs() if run.name.startswith(job)]
+    logs = node_logs(run)
+    assert re.search(r"rank 1 \(pid \d+\):\n.*\n\s+<module> \(hang.py:9\)", logs["train-node1"]), logs["train-node1"]
+    assert re.search(r"rank 0 \(pid \d+\):\n.*\n\s+all_reduce \(", logs["train-node0"]), logs["train-node0"]
+    for node in NODES:
+        assert leftovers(node) == "", node
 
 
 LONG_RUN = '{"train_steps": 100000, "train_resume": "never", "train_job_name": "%s"}'
