@@ -655,24 +655,32 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def dump_stacks(node_dir: Path) -> str:
-    """The Python stack of each of the job's ranks on this node, by py-spy (next to this interpreter, or on PATH):
-    where a hung rank waits. Says why where none can be taken."""
-    spy = Path(sys.executable).parent / "py-spy"
-    spy_path = str(spy) if spy.is_file() else shutil.which("py-spy")
-    if spy_path is None:
+    """The Python stack of each of the job's ranks on this node, by py-spy (beside the ranks' interpreter, as the
+    training venv has it, beside this one, or on PATH): where a hung rank waits. Says why where none can be taken.
+    Run as the job's user, like everything of this runner's that touches the job."""
+    ranks = {pid: rank for pid in sorted(_job_processes(node_dir)) if (rank := _environment(pid).get("RANK"))}
+    interpreters = {Path(_command_line(pid)[0]).parent for pid in ranks if _command_line(pid)}
+    beside = [folder / "py-spy" for folder in (*sorted(interpreters), Path(sys.executable).parent)]
+    spy = next((str(path) for path in beside if path.is_file()), None) or shutil.which("py-spy")
+    if not ranks:
+        return "(no stacks: no rank of the job is left on this node)"
+    if spy is None:
         return "(no stacks: py-spy is not installed on this node)"
     dumps = []
-    for pid in sorted(_job_processes(node_dir)):
-        rank = _environment(pid).get("RANK")
-        if rank is None:
-            continue  # torchrun itself: it only waits for its ranks
-        done = subprocess.run(
-            [spy_path, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30, check=False
-        )
+    for pid, rank in ranks.items():  # torchrun itself, which only waits for its ranks, carries no RANK
+        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30, check=False)
         said = done.stdout if done.returncode == 0 else (done.stderr.strip().splitlines() or ["py-spy failed"])[-1]
         frames = [line for line in said.splitlines() if line.startswith(("    ", "Thread"))]
         dumps.append(f"rank {rank} (pid {pid}):" + ("\n" + "\n".join(frames) if frames else f" no stack: {said}"))
-    return "\n".join(dumps) or "(no stacks: no rank of the job is left on this node)"
+    return "\n".join(dumps)
+
+
+def _command_line(pid: int) -> list[str]:
+    with contextlib.suppress(OSError):
+        return [
+            part.decode(errors="replace") for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part
+        ]
+    return []
 
 
 def _environment(pid: int) -> dict[str, str]:
