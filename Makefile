@@ -26,7 +26,7 @@ RESUME ?= auto
 ROLE ?=
 # Roles whose scenarios `make test` runs, in dependency order (nfs_client's scenario runs on QEMU VMs and
 # covers nfs_server too). A role joins this list once its scenarios pass on a clean clone.
-MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker train_image train
+MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker slurm train_image train
 # `make test` runs two lanes at once: lint, unit and the container roles; and the image builds, the roles on QEMU
 # VMs, e2e, then the container roles in AFTER_E2E_ROLES, so that both lanes end about together (docs/testing.md
 # has the times). A third lane only made every stage slower on 2 cores. Test runs never collide (molecule/testrun.sh).

@@ -29,6 +29,11 @@ NOT_ALLOWED = (OTHER, ABOVE_RANGE)
 LISTENERS = (RENDEZVOUS, IN_RANGE, NFS, OTHER, ABOVE_RANGE, *RANGE_EDGES)
 # Every port the role opens to the cluster on node0 (NFSv4 only: TCP alone).
 CLUSTER_PORTS = [f"tcp/{p}" for p in (*ALLOWED, *RANGE_EDGES)]
+# The inventory says scheduler: slurm, so firewall_cluster_services holds Slurm's ports: slurmctld, slurmd and
+# the edges of srun's range; just outside that range stays closed.
+SLURM_OPEN = (6817, 6818, 61000, 61499)
+SLURM_CLOSED = (60999, 61500)
+SLURM_PORTS = [f"tcp/{p}" for p in (*SLURM_OPEN, *SLURM_CLOSED)]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +51,22 @@ def test_outsider_reaches_no_port(protected):
     node(OUTSIDER).run_expect([0], f"ping -c 1 -W 3 {protected}")
     expected = dict.fromkeys([*CLUSTER_PORTS, f"tcp/{OTHER}"], False)
     assert probe(OUTSIDER, protected, expected) == expected
+
+
+def test_cluster_services_are_open_to_the_cluster_only():
+    with listening(PROTECTED, (*SLURM_OPEN, *SLURM_CLOSED)):
+        target = address(PROTECTED)
+        from_peer = {f"tcp/{p}": p in SLURM_OPEN for p in (*SLURM_OPEN, *SLURM_CLOSED)}
+        assert probe(PEER, target, from_peer) == from_peer
+        closed = dict.fromkeys(SLURM_PORTS, False)
+        assert probe(OUTSIDER, target, closed) == closed
+        assert reachable_from_controller(target, SLURM_OPEN) == dict.fromkeys(SLURM_OPEN, False)
+    # The same for an IPv6 source, member or not; each service's rules carry its name.
+    sources = (address(PEER), "fd00:db8:d12::7", "2001:db8::7")
+    open_ports = [f"tcp/{p}" for p in SLURM_OPEN]
+    assert decisions(PROTECTED, open_ports, sources) == dict.fromkeys(open_ports, ("accept", "accept", "drop"))
+    listing = table_listing(PROTECTED)
+    assert all(f'comment "{name}"' in listing for name in ("slurmctld", "slurmd", "srun"))
 
 
 def test_ipv6_rules_decide_as_the_ipv4_ones():
