@@ -118,9 +118,10 @@ def hold_cluster(lock: Path, holder: dict[str, Any], wait_s: float = 0.0) -> int
             fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except OSError as error:
-            if error.errno not in (errno.EACCES, errno.EAGAIN) or time.monotonic() >= give_up:
+            held = error.errno in (errno.EACCES, errno.EAGAIN)
+            if not held or time.monotonic() >= give_up:
                 os.close(handle)
-                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                if not held:
                     raise
                 raise ClusterBusy(cluster_holder(lock) or {}) from None
         # Polled, not a blocking F_SETLKW: a blocked lock request on an NFS client outlives a stop of this run.
@@ -628,8 +629,11 @@ def stop(args: argparse.Namespace) -> int:
     # shows its last lines.
     stacks = None
     if args.dump_stacks:
-        alive = not args.container and _job_alive(args.node_dir, pgid)
-        stacks = dump_stacks(args.node_dir) if alive else f"(no stacks: the ranks run in container {args.container})"
+        stacks = (
+            f"(no stacks: the ranks run in container {args.container})"
+            if args.container
+            else dump_stacks(args.node_dir)
+        )
     (args.node_dir / "stopping").touch()
     if args.container:
         subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
@@ -659,11 +663,11 @@ def dump_stacks(node_dir: Path) -> str:
     training venv has it, beside this one, or on PATH): where a hung rank waits. Says why where none can be taken.
     Run as the job's user, like everything of this runner's that touches the job."""
     ranks = {pid: rank for pid in sorted(_job_processes(node_dir)) if (rank := _environment(pid).get("RANK"))}
-    interpreters = {Path(_command_line(pid)[0]).parent for pid in ranks if _command_line(pid)}
-    beside = [folder / "py-spy" for folder in (*sorted(interpreters), Path(sys.executable).parent)]
-    spy = next((str(path) for path in beside if path.is_file()), None) or shutil.which("py-spy")
     if not ranks:
         return "(no stacks: no rank of the job is left on this node)"
+    interpreters = {Path(argv[0]).parent for pid in ranks if (argv := _command_line(pid))}
+    beside = [folder / "py-spy" for folder in (*sorted(interpreters), Path(sys.executable).parent)]
+    spy = next((str(path) for path in beside if path.is_file()), None) or shutil.which("py-spy")
     if spy is None:
         return "(no stacks: py-spy is not installed on this node)"
     dumps = []
