@@ -29,7 +29,7 @@ JOB = "lab"
 # lab saves every 10 steps). Rank 0 trains on through the outage (its checkpoints are on the server's own disk),
 # so the job must be long enough that it is still running when the server is back: measured, a step takes ~0.4 s
 # and stop, 10 s down and start ~16 s, so the server was back at step 40.
-STEPS = 100
+STEPS = 60
 RESTART_AT_CHECKPOINT = 10
 CHECKPOINTS = f"/data/ddp/{JOB}/checkpoints"
 # cluster_user in the lab's inventory (group_vars/all/cluster.yml): the account the jobs run as, which owns them.
