@@ -21,7 +21,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -154,11 +154,19 @@ def control_vars(run: Run, action: str) -> dict[str, Any]:
         "train_node_dir": settings["node_dir"],
         "train_shared_dir": settings["shared_dir"],
         "train_artifacts_dir": str(run.directory.parent),
+        "train_scheduler": settings.get("scheduler", "none"),
+        "train_slurm_job_id": str((run.record.get("slurm") or {}).get("job_id", "")),
+        "train_slurm_hosts": (run.record.get("slurm") or {}).get("hosts", {}),
     }
 
 
-def act(run: Run, action: str, on_event: Callable[[dict[str, Any]], None], **extravars: Any) -> Any:
-    return run_playbook(JOB_PLAYBOOK, run.record["inventory"][0], control_vars(run, action) | extravars, on_event)
+def act(
+    run: Run, action: str, on_event: Callable[[dict[str, Any]], None], extra_vars: Sequence[str] = (), **extravars: Any
+) -> Any:
+    """job.yml on the run; extra_vars are the user's -e options (e.g. who they are on the cluster: cluster_user)."""
+    variables = control_vars(run, action) | extravars
+    cmdline = extra_vars_cmdline(list(extra_vars)) or None
+    return run_playbook(JOB_PLAYBOOK, run.record["inventory"][0], variables, on_event, cmdline=cmdline)
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -188,7 +196,7 @@ def _number(value: object, fmt: str) -> str:
 def runs_table(runs: list[Run]) -> list[str]:
     header = (
         f"{'RUN':<36} {'JOB':<16} {'STATUS':<10} {'TRY':<4} {'STEPS':>6} {'LOSS':>8} {'SAMPLES/S':>10} {'TIME':>7}  "
-        f"{'CODE':<12}  ENV"
+        f"{'CODE':<12}  {'ENV':<12}  OWNER"
     )
     lines = [header]
     for run in runs:
@@ -199,7 +207,7 @@ def runs_table(runs: list[Run]) -> list[str]:
             f"{run.run_id:<36} {r.get('job', '-'):<16} {run.status:<10} {attempt_of(r):<4} "
             f"{_number(r.get('last_step'), '{}'):>6} "
             f"{_number(r.get('final_loss'), '{:.4f}'):>8} {_number(r.get('samples_per_s'), '{:.0f}'):>10} "
-            f"{duration(_elapsed(r)):>7}  {str(code)[:12]:<12}  {env}"
+            f"{duration(_elapsed(r)):>7}  {str(code)[:12]:<12}  {str(env)[:12]:<12}  {r.get('owner', '-')}"
         )
     return lines
 
@@ -219,6 +227,12 @@ def progress_fields(metrics: dict[str, Any] | None) -> str:
     if step and target and isinstance(step_time, int | float):
         text += f", ETA {duration((target - step) * step_time)}"
     return text
+
+
+def queue_line(job: dict[str, Any]) -> str:
+    """Where a run waits in Slurm's queue: its job, its place among the waiting jobs and Slurm's reason."""
+    place = f"{job.get('position', '?')} of {job.get('waiting', '?')} waiting"
+    return f"queued in Slurm as job {job.get('id')}: {place} ({job.get('reason') or 'no reason given'})"
 
 
 class StatusPrinter:
@@ -243,7 +257,9 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
         line = f"  [{node}] {report.get('node_state')}, heartbeat {'-' if age is None else f'{age:.0f} s'} ago"
         if report.get("exit_code") is not None:
             line += f", exit {report['exit_code']}"
-        if report.get("output"):
+        if report.get("job") == "queued":
+            line += f"; {queue_line(report['slurm'])}"
+        elif report.get("output"):
             line += f"; last output: {report['output']}"
         elif "metrics" in report:
             line += f"; {progress_fields(report['metrics'])}"
@@ -255,25 +271,25 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
 # ------------------------------------------------------------------------------------------------ commands
 
 
-def status(run: Run) -> int:
+def status(run: Run, extra_vars: Sequence[str] = ()) -> int:
     printer = StatusPrinter()
     if run.ended:
         # The nodes are not asked again, and nothing is collected twice (a newer run of the job would lend this
         # one its files).
         print_status(run, printer)
         return 0
-    runner = act(run, "status", printer)
+    runner = act(run, "status", printer, extra_vars)
     print_status(find_run(run.run_id, run.directory.parent), printer)
     return runner.rc
 
 
-def stop(run: Run) -> int:
+def stop(run: Run, extra_vars: Sequence[str] = ()) -> int:
     if run.ended:
         print(f"run {run.run_id} already ended ({run.status}, {run.record['ended']}): nothing to stop")
         return 0
     started = time.monotonic()
     printer = StatusPrinter()
-    runner = act(run, "stop", printer, train_stop_requested=True)
+    runner = act(run, "stop", printer, extra_vars, train_stop_requested=True)
     ended = find_run(run.run_id, run.directory.parent)
     for line in artifacts.summary_lines(ended.directory, ended.record):
         print(f"  {line}")
@@ -329,6 +345,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if action == "report":
         parser.add_argument("--compare", help="another run's id, drawn over this one")
     parser.add_argument("--artifacts", type=Path, default=ARTIFACTS, help="where the runs are (train_artifacts_dir)")
+    if action in ("status", "stop"):
+        parser.add_argument(
+            "-e", "--extra-vars", action="append", default=[], help="ansible-playbook -e (e.g. cluster_user=NAME)"
+        )
     return parser.parse_args(argv[1:], namespace=argparse.Namespace(action=action))
 
 
@@ -344,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make {args.action}: {error}", file=sys.stderr)
         return 2
     if args.action == "status":
-        return status(run)
+        return status(run, args.extra_vars)
     if args.action == "stop":
-        return stop(run)
+        return stop(run, args.extra_vars)
     if args.action == "report":
         other = ["--compare", str(find_run(args.compare, args.artifacts).directory)] if args.compare else []
         from . import report  # matplotlib is slow to import, and only the report draws

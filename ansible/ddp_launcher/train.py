@@ -65,6 +65,8 @@ def stage_of(task_path: str | None) -> str | None:
 
 def progress_line(host: str, report: dict[str, Any], elapsed_s: float) -> str:
     """step n/N (p%), loss, samples/s, elapsed, ETA: from the master's newest metrics line."""
+    if report.get("job") == "queued":
+        return f"  [{host}] {control.queue_line(report['slurm'])}, elapsed {control.duration(elapsed_s)}"
     if not report.get("metrics"):
         if report.get("output"):
             # No metrics (a program of the user's that writes none): what it printed last, and for how long.
@@ -116,6 +118,7 @@ class Printer:
         self.stages_seen: set[str] = set()
         self.started = time.monotonic()
         self.waiting_on: str | None = None
+        self.slurm_job: str | None = None
 
     def __call__(self, event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
@@ -140,6 +143,10 @@ class Printer:
             print(f"  {data_line(result)}", flush=True)
         elif kind == "runner_on_ok" and "train_run_id" in result.get("ansible_facts", {}):
             self.run_id = result["ansible_facts"]["train_run_id"]
+        elif kind == "runner_on_ok" and "train_slurm_job_id" in result.get("ansible_facts", {}):
+            if self.slurm_job is None:
+                self.slurm_job = str(result["ansible_facts"]["train_slurm_job_id"])
+                print(f"  submitted to Slurm as job {self.slurm_job}", flush=True)
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             # A failing command's own words say more than Ansible's "non-zero return code".
             said = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()[-5:]
@@ -319,7 +326,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         signal.signal(received[0], signal.SIG_DFL)
         os.kill(os.getpid(), received[0])
     if run.rc == 0 and args.detach:
-        print(f"run {printer.run_id} is running on every node, detached. From any terminal:")
+        where = f"is submitted to Slurm as job {printer.slurm_job}" if printer.slurm_job else "is running on every node"
+        print(f"run {printer.run_id} {where}, detached. From any terminal:")
         for command in ("status", "logs FOLLOW=1", "stop"):
             print(f"  make {command} RUN={printer.run_id}")
         return 0

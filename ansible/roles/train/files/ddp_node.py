@@ -23,10 +23,21 @@
         "failed" with the name of the node that failed first, or "stopped": every node ended by `stop`), and the
         latest metrics line when FILE exists here. With W, it watches for up to W seconds and answers as soon
         as the job is over: a run's end is seen within a fraction of a second, not a poll period later.
-        Exits 0 while everything runs, 1 once the job is over (success or failure), so Ansible's
-        `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
+        Exits 0 while everything runs (or waits in Slurm's queue), 1 once the job is over (success or failure), so
+        Ansible's `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
         more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree). With H, a
         job whose node furthest behind reports no new rank step (DDP_PROGRESS_DIR) for H seconds is failed, hung.
+        With --slurm-job J, a job still in Slurm's queue is "queued" (its place and Slurm's reason), and a job
+        Slurm ended for its own reason (a node's failure, a cancel) fails with it.
+    ddp_node.py arm --arm-dir A [--export K ...] ... (launch's arguments)
+        Under Slurm: writes A/step-HOST.sh (HOST: this node's short host name, its Slurm NodeName), which runs
+        launch (--scheduler-step) with a copy of this file in D, as the job's user, when Slurm starts the
+        batch job's step here. Prints {"host": HOST}.
+    ddp_node.py submit --arm-dir A --name NAME --hosts H1,H2,..
+        Submits the batch job that runs A/step-HOST.sh on each host (sbatch: one task per node, the nodes to
+        itself) and prints {"job_id"} or {"error"}.
+    ddp_node.py cancel --slurm-job J
+        scancel J; prints {"cancelled", "refused", "owner", "said"}: Slurm refuses another user's job.
     ddp_node.py read-log --node-dir D [--offset N]
         Prints {"offset": END, "text": ..., "ended": BOOL}: this node's log from byte N on, and whether its part
         of the job has ended (for `make logs`, following).
@@ -45,7 +56,8 @@
         the same file server, so the nodes' clocks play no part. Prints what it packed and what it skipped.
 
 Standard library only: nodes need nothing but the python3 that Ansible already uses. Ansible's script module
-ships this file with every call, so nothing on a node that the job's user could change is ever run.
+ships this file with every call, so nothing on a node that the job's user could change is ever run as another
+user: the copy in the run's node directory that arm leaves is run by Slurm's step as the job's user only.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -86,6 +99,21 @@ JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other progra
 # Where the job's ranks report how far they got: each writes the step it has reached to rank-<RANK> in it.
 PROGRESS_DIR_VAR = "DDP_PROGRESS_DIR"  # pragma: no mutate (its name is documented for programs to use)
 # How often a waiting poll looks at the status files again: the delay between a run's end and the launch seeing it.
+# Slurm's job states after which nothing of the job runs any more (squeue's %T).
+SLURM_ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "NODE_FAIL",
+    "TIMEOUT",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+}
+# Those of them that Slurm chose (a node that stopped answering, a limit), not the job's own steps.
+SLURM_CAUSED = {"NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+SLURM_ASK_EVERY_S = 5.0  # pragma: no mutate (a pace for asking slurmctld while a job waits in the queue)
 WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
 # Exit code recorded for a command that could not even be started (the shell's "command not found").
 COULD_NOT_START = 127
@@ -194,6 +222,7 @@ def launch(
     cluster_lock: Path | None = None,
     holder: dict[str, Any] | None = None,
     lock_wait_s: float = 0.0,
+    scheduler_step: bool = False,
 ) -> int:
     # Held until this process ends, whatever ends it: the lock goes with the last open descriptor.
     if cluster_lock is not None:
@@ -238,7 +267,7 @@ def launch(
     beater = threading.Thread(target=beat, daemon=True)  # pragma: no mutate (joined below, unless interrupted)
     beater.start()
     # A stop (ddp_node.py stop, or a signal to this supervisor) reaches this process: pass it on to the job's group.
-    signal.signal(signal.SIGTERM, lambda *_: _signal_group(child.pid, signal.SIGTERM))
+    signal.signal(signal.SIGTERM, lambda *_: _pass_stop_on(node_dir, child.pid, scheduler_step))
     timed_out = False
     try:
         code = child.wait(timeout=timeout_s)
@@ -261,6 +290,14 @@ def launch(
     )
     (node_dir / "exit").write_text(f"{code}\n")
     return code
+
+
+def _pass_stop_on(node_dir: Path, pgid: int, scheduler_step: bool) -> None:
+    # Under Slurm the step's SIGTERM is a cancel (scancel, the run's stop): the job is stopped, it did not fail.
+    if scheduler_step:
+        with contextlib.suppress(OSError):
+            (node_dir / "stopping").touch()
+    _signal_group(pgid, signal.SIGTERM)
 
 
 def ranks_progress(directory: Path) -> dict[str, int] | None:
@@ -338,6 +375,7 @@ def _launch_from(args: argparse.Namespace, command: list[str]) -> int:
         cluster_lock=args.cluster_lock,
         holder=json.loads(args.holder) if args.holder else None,
         lock_wait_s=args.lock_wait,
+        scheduler_step=getattr(args, "scheduler_step", False),
     )
 
 
@@ -560,6 +598,112 @@ def _first_to_end(failed: list[str], statuses: dict[str, Any]) -> str:
     return min(failed, key=lambda node: statuses[node].get("ended") or float("inf"))
 
 
+# ------------------------------------------------------------------------------------------------ Slurm
+
+
+def _slurm(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
+
+
+def _short_host() -> str:
+    return platform.node().split(".")[0]
+
+
+def arm(args: argparse.Namespace, command: list[str]) -> int:
+    """This node's part of the batch job: a copy of this runner (Ansible removes the one it shipped) and a step
+    script that runs launch with it, written as the job's user, who alone runs them."""
+    args.node_dir.mkdir(parents=True, exist_ok=True)
+    args.arm_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("pgid", "exit", "busy", "stopping"):
+        (args.node_dir / stale).unlink(missing_ok=True)
+    runner = args.node_dir / "ddp_node.py"
+    shutil.copyfile(__file__, runner)
+    argv = [sys.executable, str(runner), "launch", "--scheduler-step", "--node-dir", str(args.node_dir)]
+    argv += ["--shared-dir", str(args.shared_dir), "--node", args.node, "--timeout", str(args.timeout)]
+    argv += ["--mark-start", str(args.mark_start)] if args.mark_start else []
+    # The run's environment as this node's play has it (sbatch passes on only the submitting node's).
+    exports = "".join(f"export {key}={shlex.quote(os.environ[key])}\n" for key in args.export if key in os.environ)
+    host = _short_host()
+    step = args.arm_dir / f"step-{host}.sh"
+    script = f"# {args.node}'s part of the run (ddp_node.py arm)\n{exports}exec {shlex.join([*argv, '--', *command])}\n"
+    step.write_text(script)
+    print(json.dumps({"host": host}))
+    return 0
+
+
+def submit(args: argparse.Namespace) -> int:
+    """One batch job for the run: all its nodes to itself, one task on each, whose step runs that node's part."""
+    hosts = args.hosts.split(",")
+    step = args.arm_dir / "step.sh"
+    step.write_text(f'exec /bin/sh {shlex.quote(str(args.arm_dir))}/step-"$(hostname -s)".sh\n')
+    done = _slurm(
+        "sbatch",
+        "--parsable",
+        f"--job-name={args.name}",
+        f"--nodes={len(hosts)}",
+        "--ntasks-per-node=1",
+        "--exclusive",
+        f"--nodelist={','.join(hosts)}",
+        f"--chdir={args.arm_dir}",
+        f"--output={args.arm_dir}/slurm-%j.out",
+        f"--wrap=exec srun --kill-on-bad-exit=0 /bin/sh {shlex.quote(str(step))}",  # pragma: no mutate
+    )
+    if done.returncode != 0:
+        print(json.dumps({"error": (done.stderr or done.stdout).strip()}))
+        return 1
+    print(json.dumps({"job_id": done.stdout.strip().split(";")[0]}))
+    return 0
+
+
+def slurm_job(job_id: str) -> dict[str, Any] | None:
+    """The Slurm job's state, owner and nodes, and while it waits, Slurm's reason and its place among the waiting
+    jobs (highest priority first); None once Slurm no longer knows it."""
+    done = _slurm("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%u|%N")
+    fields = done.stdout.strip().split("|") if done.returncode == 0 else []
+    if len(fields) != 4:
+        return None
+    job: dict[str, Any] = dict(zip(("state", "reason", "user", "nodes"), fields, strict=True)) | {"id": job_id}
+    if job["state"] == "PENDING":
+        waiting = _slurm("squeue", "-h", "-t", "PENDING", "--sort=-p,i", "-o", "%i").stdout.split()
+        job["position"] = waiting.index(job_id) + 1 if job_id in waiting else 1
+        job["waiting"] = max(len(waiting), job["position"])
+    return job
+
+
+def _down_nodes(nodes: str) -> list[str]:
+    """Those of a job's nodes that Slurm holds down or not responding (sinfo's state, '*': no answer)."""
+    done = _slurm("sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T")
+    states = [line.split("|") for line in done.stdout.split()]
+    return [name for name, state in states if state.startswith(("down", "fail")) or state.endswith("*")]
+
+
+def with_slurm_end(
+    state: dict[str, Any], job: dict[str, Any] | None, job_id: str, hosts: dict[str, str], ended_for_s: float
+) -> dict[str, Any]:
+    """The job's state once Slurm ended its job. For a reason of Slurm's own (a node's failure, its time limit):
+    that reason, naming the node Slurm holds down, over what the ranks' exits say (a lost peer). For any other
+    end: once the nodes' records have had ended_for_s to show it, a part still counted as running never will."""
+    if job is not None and job["state"] not in SLURM_ENDED:
+        return state
+    slurm_state = job["state"] if job else "ENDED"
+    if slurm_state not in SLURM_CAUSED and (state["job"] != "running" or ended_for_s <= 0):
+        return state
+    inventory = {short: name for name, short in hosts.items()}
+    down = [inventory.get(node, node) for node in _down_nodes(job["nodes"])] if job and job["nodes"] else []
+    failed_node = down[0] if down else state.get("failed_node") or next(iter(hosts), "?")
+    reason = f"Slurm ended job {job_id} {slurm_state}" + (f" ({', '.join(down)} down)" if down else "")
+    return {"job": "failed", "failed_node": failed_node, "reason": reason, "exit_code": state.get("exit_code")}
+
+
+def cancel(args: argparse.Namespace) -> int:
+    done = _slurm("scancel", args.slurm_job)
+    said = (done.stderr or done.stdout).strip()
+    refused = done.returncode != 0 and re.search(r"[Pp]ermission denied|not the owner", said) is not None
+    owner = (slurm_job(args.slurm_job) or {}).get("user") if refused else None
+    print(json.dumps({"cancelled": done.returncode == 0, "refused": refused, "owner": owner, "said": said}))
+    return 0
+
+
 def poll(args: argparse.Namespace) -> int:
     seen_file = args.node_dir / "heartbeats-seen.json"  # pragma: no mutate (its only name: poll reads and writes it)
     try:
@@ -568,12 +712,28 @@ def poll(args: argparse.Namespace) -> int:
         seen = {}
     nodes = args.nodes.split(",")
     watch_until = time.monotonic() + args.wait
-    while True:
-        now = time.time()
-        state = job_state(args.shared_dir, nodes, args.stale_after, now, seen, hang_after_s=args.hang_after)
-        if state["job"] != "running" or time.monotonic() >= watch_until:
-            break
-        time.sleep(WATCH_EVERY_S)
+    job = slurm_job(args.slurm_job) if args.slurm_job else None
+    while job and job["state"] == "PENDING" and time.monotonic() < watch_until:
+        time.sleep(min(SLURM_ASK_EVERY_S, watch_until - time.monotonic()))
+        job = slurm_job(args.slurm_job)
+    now = time.time()
+    if job and job["state"] == "PENDING":
+        seen = {}  # a node's silence counts from the job's start, not from its submission
+        state: dict[str, Any] = {"job": "queued", "slurm": job}
+    else:
+        while True:
+            now = time.time()
+            state = job_state(args.shared_dir, nodes, args.stale_after, now, seen, hang_after_s=args.hang_after)
+            if state["job"] != "running" or time.monotonic() >= watch_until:
+                break
+            time.sleep(WATCH_EVERY_S)
+        if args.slurm_job and state["job"] in ("running", "failed", "stopped"):
+            job = slurm_job(args.slurm_job)
+            ended = job is None or job["state"] in SLURM_ENDED
+            since = seen.setdefault("slurm-ended", now) if ended else seen.pop("slurm-ended", now)
+            hosts = dict(zip(nodes, args.slurm_hosts.split(","), strict=False)) if args.slurm_hosts else {}
+            state = with_slurm_end(state, job, args.slurm_job, hosts, now - since - args.stale_after)
+            state |= {"slurm": job} if job else {}
     seen_file.write_text(json.dumps(seen))
     exit_code = _read_int(args.node_dir / "exit")
     launched = _read_int(args.node_dir / "pgid") is not None
@@ -592,7 +752,7 @@ def poll(args: argparse.Namespace) -> int:
             # A program that writes no metrics still shows it is alive: its newest line of output.
             report["output"] = _last_output_line(args.node_dir / "node.log")
     print(json.dumps(report))
-    return 0 if report["job"] == "running" else 1
+    return 0 if report["job"] in ("running", "queued") else 1
 
 
 def _last_output_line(log: Path, max_chars: int = 160) -> str | None:
@@ -783,6 +943,25 @@ def _watchdog(deadline_s: float, call: str, touches: str) -> None:
     threading.Thread(target=expire, daemon=True).start()  # pragma: no mutate (daemon: it must not hold the exit)
 
 
+def _add_slurm_parsers(sub: Any) -> None:
+    """The options of a run under Slurm: its poll's, its step's, and arm, submit and cancel."""
+    sub.choices["poll"].add_argument("--slurm-job", help="the run's Slurm job id")
+    sub.choices["poll"].add_argument("--slurm-hosts", help="the nodes' Slurm names, in --nodes' order")
+    sub.choices["launch"].add_argument("--scheduler-step", action="store_true", help="a SIGTERM is a cancel")
+    armer = sub.add_parser("arm")
+    for option, kind in (("--node-dir", Path), ("--shared-dir", Path), ("--arm-dir", Path), ("--node", str)):
+        armer.add_argument(option, type=kind, required=True)
+    armer.add_argument("--mark-start", type=Path)
+    armer.add_argument("--timeout", type=float, default=0.0)
+    armer.add_argument("--export", action="append", default=[], help="an environment variable the step sets")
+    armer.add_argument("command", nargs=argparse.REMAINDER)
+    submitter = sub.add_parser("submit")
+    submitter.add_argument("--arm-dir", type=Path, required=True)
+    submitter.add_argument("--name", required=True)
+    submitter.add_argument("--hosts", required=True)
+    sub.add_parser("cancel").add_argument("--slurm-job", required=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deadline", type=float, default=0.0, help="seconds this call may take; 0: no limit")
@@ -806,8 +985,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["poll"].add_argument("--stale-after", type=float, default=30.0)
     sub.choices["poll"].add_argument("--wait", type=float, default=0.0, help="watch up to this many seconds")
     sub.choices["poll"].add_argument("--hang-after", type=float, default=0.0, help="seconds without a new step")
-    sub.choices["stop"].add_argument("--grace", type=float, default=15.0)
-    sub.choices["stop"].add_argument("--container")
+    _add_slurm_parsers(sub)
+    for option, options in (("--grace", {"type": float, "default": 15.0}), ("--container", {})):
+        sub.choices["stop"].add_argument(option, **options)
     sub.choices["stop"].add_argument("--dump-stacks", action="store_true", help="py-spy dump the job first")
     sub.add_parser("busy").add_argument("--lock", type=Path, required=True)
     reader = sub.add_parser("read-log")
@@ -829,12 +1009,14 @@ def main(argv: list[str] | None = None) -> int:
     # own wait is bounded.
     if args.deadline > 0 and args.action not in ("launch", "start"):
         _watchdog(args.deadline, f"ddp_node.py {args.action}", args.touches)
-    if args.action in ("launch", "start"):
+    if args.action in ("launch", "start", "arm"):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error(f"{args.action} needs a command after --")
         if args.action == "start":
             return start(args, command)
+        if args.action == "arm":
+            return arm(args, command)
         return _launch_from(args, command)
     if args.action == "collect" and args.since and not (args.work_dir and args.checkpoints and args.metrics):
         parser.error("collect --since (the master's part) needs --work-dir, --checkpoints and --metrics")
@@ -844,6 +1026,8 @@ def main(argv: list[str] | None = None) -> int:
         "collect": collect,
         "read-log": read_log,
         "busy": busy,
+        "submit": submit,
+        "cancel": cancel,
     }
     return actions[args.action](args)
 

@@ -314,7 +314,11 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("run_node_dir") and not unsafe:
         problems += make_run_node_dir(spec)
     rendezvous = spec.get("rendezvous")
-    if rendezvous is None:  # the runtime alone (make doctor)
+    if rendezvous is None:  # the runtime alone (make doctor), or a run under Slurm
+        if spec.get("master_dirs") and not unsafe:
+            # Under Slurm a running job may hold the rendezvous port: the master's directories are made, and the
+            # port is the batch job's, which has the nodes to itself when it starts.
+            problems += make_dirs(spec) + check_writable(spec)
         report["problems"] = problems
         return report
     deadline = time.monotonic() + rendezvous["timeout"]

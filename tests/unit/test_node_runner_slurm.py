@@ -1,0 +1,55 @@
+"""The node runner's part of a run under Slurm that runs without Slurm: the step script arm writes (run here as
+Slurm's step would run it), and how a job Slurm ended is judged. Submission, the queue and cancel run against
+real Slurm daemons in the slurm role's scenario (tests/test_slurm_train.py)."""
+
+import json
+import os
+import platform
+import subprocess
+
+from _node_runner import ROOT, ddp_node, run_runner
+from ddp_launcher import control
+
+HOSTS = {"node0": "n0", "node1": "n1"}
+
+
+def test_the_step_arm_writes_runs_the_command_with_the_nodes_environment_and_records_its_end(tmp_path):
+    node_dir, shared = tmp_path / "node" / "run", tmp_path / "shared"
+    shared.mkdir()
+    env = os.environ | {"DDP_TEST_VALUE": "it's $HOME"}
+    armed = run_runner(
+        "arm", "--node-dir", str(node_dir), "--shared-dir", str(shared), "--arm-dir", str(shared),
+        "--node", "node0", "--export", "DDP_TEST_VALUE", "--", "sh", "-c", 'echo "value: $DDP_TEST_VALUE"', env=env,
+    )  # fmt: skip
+    assert armed.returncode == 0, armed.stderr
+    host = json.loads(armed.stdout)["host"]
+    assert host == platform.node().split(".")[0]
+    # Slurm's step runs the script with an environment of the submitting node's, not this node's play.
+    step = subprocess.run(["sh", str(shared / f"step-{host}.sh")], env={"PATH": os.environ["PATH"]}, check=False)
+    assert step.returncode == 0
+    assert "value: it's $HOME" in (node_dir / "node.log").read_text()
+    assert json.loads((shared / "status-node0.json").read_text())["exit_code"] == 0
+    # The copy it ran is the runner, in the run's node directory.
+    assert (node_dir / "ddp_node.py").read_bytes() == (ROOT / "ansible/roles/train/files/ddp_node.py").read_bytes()
+
+
+def test_a_job_slurm_ended_for_its_own_reason_fails_the_run_whatever_the_ranks_say():
+    lost_peer = {"job": "failed", "failed_node": "node0", "reason": "exit code 1", "exit_code": 1}
+    ended = ddp_node.with_slurm_end(lost_peer, {"state": "NODE_FAIL", "nodes": ""}, "7", HOSTS, 0)
+    assert ended == {"job": "failed", "failed_node": "node0", "reason": "Slurm ended job 7 NODE_FAIL", "exit_code": 1}
+    running = {"job": "running"}
+    assert ddp_node.with_slurm_end(running, {"state": "RUNNING", "nodes": "n[0-1]"}, "7", HOSTS, 99) == running
+
+
+def test_a_part_still_counted_running_after_slurm_ended_the_job_fails_only_once_its_allowance_passed():
+    running = {"job": "running"}
+    assert ddp_node.with_slurm_end(running, {"state": "COMPLETED", "nodes": ""}, "7", HOSTS, 0) == running
+    late = ddp_node.with_slurm_end(running, None, "7", HOSTS, 1)
+    assert late["job"] == "failed" and late["reason"] == "Slurm ended job 7 ENDED", late
+    succeeded = {"job": "succeeded"}
+    assert ddp_node.with_slurm_end(succeeded, None, "7", HOSTS, 1) == succeeded
+
+
+def test_the_queue_line_says_the_job_its_place_and_slurms_reason():
+    job = {"id": "12", "state": "PENDING", "reason": "Resources", "position": 2, "waiting": 3}
+    assert control.queue_line(job) == "queued in Slurm as job 12: 2 of 3 waiting (Resources)"
