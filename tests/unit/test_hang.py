@@ -112,3 +112,47 @@ def test_a_rank_wedged_before_a_collective_is_stopped_named_and_its_stack_dumped
     assert re.search(r"rank 0 \(pid \d+\):\n.*\n\s+all_reduce \(torch/distributed/distributed_c10d.py", stacks), stacks
     assert "ddp_node: the run made no progress; its ranks' stacks" in log
     assert processes_of(run_id) == ""
+
+
+def test_without_rank_steps_the_masters_metrics_lines_are_judged_instead(tmp_path):
+    seen = {}
+    assert ddp_node._metrics_stalled(None, seen, 1000.0, 60.0, "node0") is None  # no line yet: not judged
+    assert ddp_node._metrics_stalled({"step": 4}, seen, 1000.0, 60.0, "node0") is None
+    assert ddp_node._metrics_stalled({"step": 5}, seen, 1050.0, 60.0, "node0") is None  # a new step
+    assert ddp_node._metrics_stalled({"step": 5}, seen, 1110.0, 60.0, "node0") is None
+    assert ddp_node._metrics_stalled({"step": 5}, seen, 1111.0, 60.0, "node0") == {
+        "job": "failed",
+        "failed_node": "node0",
+        "hung": True,
+        "reason": "no new metrics line for 61 s (train_hang_after_s): the run's metrics stopped at step 5, and its "
+        "ranks report no step (DDP_PROGRESS_DIR) that would name the node",
+    }
+
+
+# Writes two metrics lines and then stands still, reporting no rank step (DDP_PROGRESS_DIR) at all.
+STALLS = """import json, os, pathlib, time
+if os.environ["RANK"] == "0":
+    with open(pathlib.Path(os.environ["DDP_OUTPUT_DIR"]) / "metrics.jsonl", "a") as metrics:
+        for step in (1, 2):
+            metrics.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n")
+            metrics.flush()
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_a_program_whose_metrics_stop_is_stopped_as_hung_through_make_train(tmp_path):
+    program = tmp_path / "code" / "stalls.py"
+    program.parent.mkdir()
+    program.write_text(STALLS)
+    done, run_id = make_train(
+        f"PROGRAM={program}",
+        f"JOB=unit-stall-{uuid.uuid4().hex[:8]}",
+        f"EXTRA_VARS={json.dumps({'train_hang_after_s': 6, 'train_poll_interval_s': 2})}",
+    )
+    assert done.returncode != 0
+    failed = next(line for line in done.stderr.splitlines() if line.startswith("  FAILED [localhost] training run"))
+    assert " failed on node localhost: no new metrics line for " in failed, failed
+    assert "s (train_hang_after_s): the run's metrics stopped at step 2, and its ranks" in failed, failed
+    assert run_record(run_id)["status"] == "failed"
+    assert processes_of(run_id) == ""

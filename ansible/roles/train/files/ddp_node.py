@@ -26,7 +26,8 @@
         Exits 0 while everything runs (or waits in Slurm's queue), 1 once the job is over (success or failure), so
         Ansible's `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
         more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree). With H, a
-        job whose node furthest behind reports no new rank step (DDP_PROGRESS_DIR) for H seconds is failed, hung.
+        job whose node furthest behind reports no new rank step (DDP_PROGRESS_DIR) for H seconds is failed, hung;
+        where no rank reports a step, one whose FILE shows no new step for H seconds.
         With --slurm-job J, a job still in Slurm's queue is "queued" (its place and Slurm's reason), and a job
         Slurm ended for its own reason (a node's failure, a cancel) fails with it.
     ddp_node.py arm --arm-dir A [--export K ...] ... (launch's arguments)
@@ -591,6 +592,32 @@ def _hung(
     }
 
 
+def _any_progress(shared_dir: Path, nodes: list[str]) -> bool:
+    return any((_read_status(shared_dir / f"status-{node}.json") or {}).get("progress") for node in nodes)
+
+
+def _metrics_stalled(
+    metrics: dict[str, Any] | None, seen: dict[str, dict[str, Any]], now: float, hang_after_s: float, master: str
+) -> dict[str, object] | None:
+    """A program whose ranks report no step is judged by its metrics lines instead (the master's poll): hung once
+    no line with a new step came for hang_after_s after the first. Which node holds it up is then unknown."""
+    step = (metrics or {}).get("step")
+    if step is None:
+        return None  # no metrics line yet (or none with a step): nothing to judge it by
+    mark = seen.setdefault("@metrics", {"step": step, "since": now})
+    if mark["step"] != step:
+        mark.update(step=step, since=now)
+    if now - mark["since"] <= hang_after_s:
+        return None
+    return {
+        "job": "failed",
+        "failed_node": master,
+        "hung": True,
+        "reason": f"no new metrics line for {now - mark['since']:.0f} s (train_hang_after_s): the run's metrics "
+        f"stopped at step {step}, and its ranks report no step (DDP_PROGRESS_DIR) that would name the node",
+    }
+
+
 def _first_to_end(failed: list[str], statuses: dict[str, Any]) -> str:
     """The node whose failure broke the run. Once one node dies its peers fail too (a lost connection), often
     before the first failure is visible on shared storage, so the order the poller sees them in proves
@@ -730,10 +757,12 @@ def poll(args: argparse.Namespace) -> int:
         if args.slurm_job and state["job"] in ("running", "failed", "stopped"):
             job = slurm_job(args.slurm_job)
             ended = job is None or job["state"] in SLURM_ENDED
-            since = seen.setdefault("slurm-ended", now) if ended else seen.pop("slurm-ended", now)
+            since = seen.setdefault("@slurm-ended", now) if ended else seen.pop("@slurm-ended", now)
             hosts = dict(zip(nodes, args.slurm_hosts.split(","), strict=False)) if args.slurm_hosts else {}
             state = with_slurm_end(state, job, args.slurm_job, hosts, now - since - args.stale_after)
             state |= {"slurm": job} if job else {}
+    if state["job"] == "running" and args.hang_after and args.metrics and not _any_progress(args.shared_dir, nodes):
+        state = _metrics_stalled(_last_line(args.metrics), seen, now, args.hang_after, args.node) or state
     seen_file.write_text(json.dumps(seen))
     exit_code = _read_int(args.node_dir / "exit")
     launched = _read_int(args.node_dir / "pgid") is not None

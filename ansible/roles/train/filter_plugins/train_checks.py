@@ -53,7 +53,8 @@ def outcome(
     # A heartbeat or the ranks' progress that stopped while every node still ran is the cause (the stop that
     # follows ends every node alike). Otherwise trust what the nodes report once all have stopped: while a run
     # breaks down, a peer's failure can show before its cause.
-    silent = failed_polled and failed_polled[0]["reason"].startswith(("no heartbeat", "never started", "no progress"))
+    silent_reasons = ("no heartbeat", "never started", "no progress", "no new metrics")
+    silent = failed_polled and failed_polled[0]["reason"].startswith(silent_reasons)
     failed = failed_polled if silent else failed_ended or failed_polled
     if lost:  # a node that vanished is the cause; what its peers report is the consequence
         return {"status": "failed", "node": lost[0], "reason": "unreachable during the run"}
