@@ -31,7 +31,7 @@ MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker slurm t
 # VMs, e2e, then the container roles in AFTER_E2E_ROLES, so that both lanes end about together (docs/testing.md
 # has the times). A third lane only made every stage slower on 2 cores. Test runs never collide (molecule/testrun.sh).
 VM_ROLES := nfs_client
-AFTER_E2E_ROLES := ca_trust slurm
+AFTER_E2E_ROLES := slurm
 CONTAINER_ROLES := $(filter-out $(VM_ROLES) $(AFTER_E2E_ROLES),$(MOLECULE_ROLES))
 
 .PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor envs envs-prune bench bench-scale gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
@@ -76,7 +76,7 @@ molecule-all: setup test-hosts ## Run the scenarios of every role
 	  tests/stage.sh "molecule $$role" $(MAKE) --no-print-directory molecule ROLE=$$role || exit 1; \
 	done
 
-test: setup ## Everything CI runs, in two lanes at once: lint, unit, container roles | image builds, VM roles, e2e, ca_trust, slurm
+test: setup ## Everything CI runs, in two lanes at once: lint, unit, container roles | image builds, VM roles, e2e, slurm
 	@# The host's own apt installs first, alone: the VM lane installs with apt too, and dpkg takes one at a time.
 	tests/host/ensure-tools.sh
 	@# The VM lane, the longest, starts at once: its image builds mostly wait on the Debian mirror, beside lint and

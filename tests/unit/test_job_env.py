@@ -73,7 +73,7 @@ def test_requirements_make_an_environment_once_and_the_next_run_reuses_it(tmp_pa
     assert run_record(run_id)["env"]["packages"] == ["ddp-demo-dep==1.0", "ddp-demo-leaf==1.2"]
     listed = make("runs").stdout
     assert any(
-        line.startswith(run_id) and line.endswith(" " + run_record(run_id)["env"]["key"])
+        line.startswith(run_id) and f"  {run_record(run_id)['env']['key'][:12]}  " in line
         for line in listed.splitlines()
     ), listed
     report = (ROOT / "artifacts" / run_id / "report.html").read_text()
