@@ -103,17 +103,17 @@ train: setup ## Train on INVENTORY (default: inventory/local); RESUME=auto|never
 	  $(if $(filter 1 true yes,$(WAIT)),--wait)
 
 # A run under control from any terminal; RUN defaults to the newest run (make runs lists them).
-status: setup ## Each node's state, heartbeat age, the master's step/loss/throughput and ETA: [RUN=id]
-	$(BIN)/ddp status $${RUN:+--run "$$RUN"}
+status: setup ## Each node's state, heartbeat age, the master's step/loss/throughput and ETA: [RUN=id] [EXTRA_VARS=..]
+	$(BIN)/ddp status $${RUN:+--run "$$RUN"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
 
 logs: setup ## The nodes' logs, prefixed by node: [RUN=id] [NODE=name] [FOLLOW=1]
 	$(BIN)/ddp logs $${RUN:+--run "$$RUN"} $${NODE:+--node "$$NODE"} \
 	  $(if $(filter 1 true yes,$(FOLLOW)),--follow)
 
-stop: setup ## Stop a run on every node, then collect it: [RUN=id]
-	$(BIN)/ddp stop $${RUN:+--run "$$RUN"}
+stop: setup ## Stop a run on every node, then collect it: [RUN=id] [EXTRA_VARS=..]
+	$(BIN)/ddp stop $${RUN:+--run "$$RUN"} $${EXTRA_VARS:+--extra-vars "$$EXTRA_VARS"}
 
-runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, duration, code
+runs: setup ## One line per run: id, job, status, steps, final loss, samples/s, duration, code, env, owner
 	$(BIN)/ddp runs
 
 doctor: setup ## Versions, interfaces, TCP per node pair, allreduce sweep, known log failures -> verdicts: [INVENTORY]

@@ -18,18 +18,19 @@
         launch in a process of its own, detached from the caller (Ansible's script call, which ends and removes
         this file): returns once the job runs, or once it could not start, printing {"pgid", "exit_code"}.
     ddp_node.py poll --node-dir D --shared-dir S --node NAME --nodes A,B,.. [--metrics FILE] [--stale-after S]
-                     [--wait W] [--hang-after H]
+                     [--wait W] [--hang-after H] [--slurm-job J --slurm-hosts N1,N2,..]
         Prints one JSON object: this node's state, the job's state across all nodes ("running", "succeeded",
         "failed" with the name of the node that failed first, or "stopped": every node ended by `stop`), and the
         latest metrics line when FILE exists here. With W, it watches for up to W seconds and answers as soon
         as the job is over: a run's end is seen within a fraction of a second, not a poll period later.
         Exits 0 while everything runs (or waits in Slurm's queue), 1 once the job is over (success or failure), so
-        Ansible's `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not moved for
-        more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree). With H, a
-        job whose node furthest behind reports no new rank step (DDP_PROGRESS_DIR) for H seconds is failed, hung;
-        where no rank reports a step, one whose FILE shows no new step for H seconds.
+        Ansible's `until: rc != 0` waits exactly as long as the job runs. A node whose heartbeat count has not
+        moved for more than S seconds of this node's own clock counts as failed (nodes' clocks need not agree).
+        With H, a job whose node furthest behind reports no new rank step (DDP_PROGRESS_DIR) for H seconds is
+        failed, hung; where no rank reports a step, one whose FILE shows no new step for H seconds.
         With --slurm-job J, a job still in Slurm's queue is "queued" (its place and Slurm's reason), and a job
-        Slurm ended for its own reason (a node's failure, a cancel) fails with it.
+        Slurm ended for its own reason (a node's failure, a time limit) fails with it, naming the node Slurm
+        holds down.
     ddp_node.py arm --arm-dir A [--export K ...] ... (launch's arguments)
         Under Slurm: writes A/step-HOST.sh (HOST: this node's short host name, its Slurm NodeName), which runs
         launch (--scheduler-step) with a copy of this file in D, as the job's user, when Slurm starts the
@@ -99,7 +100,6 @@ WORKER_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
 JOB_TAG_VAR = "DDP_NODE_JOB"  # pragma: no mutate (any name that no other program sets)
 # Where the job's ranks report how far they got: each writes the step it has reached to rank-<RANK> in it.
 PROGRESS_DIR_VAR = "DDP_PROGRESS_DIR"  # pragma: no mutate (its name is documented for programs to use)
-# How often a waiting poll looks at the status files again: the delay between a run's end and the launch seeing it.
 # Slurm's job states after which nothing of the job runs any more (squeue's %T).
 SLURM_ENDED = {
     "COMPLETED",
@@ -115,6 +115,7 @@ SLURM_ENDED = {
 # Those of them that Slurm chose (a node that stopped answering, a limit), not the job's own steps.
 SLURM_CAUSED = {"NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 SLURM_ASK_EVERY_S = 5.0  # pragma: no mutate (a pace for asking slurmctld while a job waits in the queue)
+# How often a waiting poll looks at the status files again: the delay between a run's end and the launch seeing it.
 WATCH_EVERY_S = 0.25  # pragma: no mutate (a pace: any fraction of a second)
 # Exit code recorded for a command that could not even be started (the shell's "command not found").
 COULD_NOT_START = 127
