@@ -111,7 +111,9 @@ def test_stop_cancels_the_run_and_is_refused_for_another_users_run():
         assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
 
 
-def test_ctrl_c_on_make_train_cancels_the_slurm_job():
+def long_run_until_its_first_step() -> tuple[subprocess.Popen[str], str]:
+    """alice's long run, once the cluster is idle, read until its master reports steps; the run and what it
+    printed so far."""
     wait_idle()
     train = start_cli_training(*as_user("alice", **LONG))
     output = []
@@ -119,8 +121,13 @@ def test_ctrl_c_on_make_train_cancels_the_slurm_job():
         output.append(line)
         if "] step " in line:
             break
+    return train, "".join(output)
+
+
+def test_ctrl_c_on_make_train_cancels_the_slurm_job():
+    train, output = long_run_until_its_first_step()
     os.killpg(train.pid, signal.SIGINT)  # what Ctrl-C does to make train's process group
-    output_text = "".join(output) + train.communicate(timeout=180)[0]
+    output_text = output + train.communicate(timeout=180)[0]
     assert train.returncode == -signal.SIGINT, output_text[-3000:]
     record = run_record(output_text.split("interrupted: stopping run ")[1].split()[0])
     assert record["status"] == "cancelled", record
@@ -130,16 +137,9 @@ def test_ctrl_c_on_make_train_cancels_the_slurm_job():
 
 
 def test_a_node_slurm_loses_fails_the_run_naming_it_and_the_next_run_trains():
-    wait_idle()
-    train = start_cli_training(*as_user("alice", **LONG))
-    output = []
-    for line in train.stdout:
-        output.append(line)
-        if "] step " in line:
-            break
+    train, output = long_run_until_its_first_step()
     subprocess.run(["docker", "exec", container(OTHER), "pkill", "-KILL", "-x", "slurmd"], check=True)
-    rest, _ = train.communicate(timeout=300)
-    output_text = "".join(output) + rest
+    output_text = output + train.communicate(timeout=300)[0]
     assert train.returncode != 0, output_text[-3000:]
     record = run_record(run_id_of(output_text))
     assert record["status"] == "failed" and record["failed_node"] == OTHER, record
