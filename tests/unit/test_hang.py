@@ -86,18 +86,25 @@ def test_the_node_runner_reports_the_slowest_ranks_step(tmp_path):
     assert ddp_node.ranks_progress(tmp_path) == {"step": 11, "ranks": 2}
 
 
-@pytest.mark.slow
-def test_a_rank_wedged_before_a_collective_is_stopped_named_and_its_stack_dumped(tmp_path):
-    program = tmp_path / "code" / "hang.py"
+def hung_run(tmp_path, name, source, hang_after_s):
+    """`make train` of the program source (as <name>.py) with train_hang_after_s: the finished make, its run id,
+    and the line that says why the run failed."""
+    program = tmp_path / "code" / f"{name}.py"
     program.parent.mkdir()
-    program.write_text(HANG)
+    program.write_text(source)
     done, run_id = make_train(
         f"PROGRAM={program}",
-        f"JOB=unit-hang-{uuid.uuid4().hex[:8]}",
-        f"EXTRA_VARS={json.dumps({'train_hang_after_s': 8, 'train_poll_interval_s': 2})}",
+        f"JOB=unit-{name}-{uuid.uuid4().hex[:8]}",
+        f"EXTRA_VARS={json.dumps({'train_hang_after_s': hang_after_s, 'train_poll_interval_s': 2})}",
     )
     assert done.returncode != 0
     failed = next(line for line in done.stderr.splitlines() if line.startswith("  FAILED [localhost] training run"))
+    return done, run_id, failed
+
+
+@pytest.mark.slow
+def test_a_rank_wedged_before_a_collective_is_stopped_named_and_its_stack_dumped(tmp_path):
+    done, run_id, failed = hung_run(tmp_path, "hang", HANG, 8)
     assert " failed on node localhost: no progress for " in failed, failed
     assert failed.endswith("s (train_hang_after_s): the ranks of localhost stopped at step 2."), failed
     record = run_record(run_id)
@@ -142,16 +149,7 @@ time.sleep(3600)
 
 @pytest.mark.slow
 def test_a_program_whose_metrics_stop_is_stopped_as_hung_through_make_train(tmp_path):
-    program = tmp_path / "code" / "stalls.py"
-    program.parent.mkdir()
-    program.write_text(STALLS)
-    done, run_id = make_train(
-        f"PROGRAM={program}",
-        f"JOB=unit-stall-{uuid.uuid4().hex[:8]}",
-        f"EXTRA_VARS={json.dumps({'train_hang_after_s': 6, 'train_poll_interval_s': 2})}",
-    )
-    assert done.returncode != 0
-    failed = next(line for line in done.stderr.splitlines() if line.startswith("  FAILED [localhost] training run"))
+    _, run_id, failed = hung_run(tmp_path, "stalls", STALLS, 6)
     assert " failed on node localhost: no new metrics line for " in failed, failed
     assert "s (train_hang_after_s): the run's metrics stopped at step 2, and its ranks" in failed, failed
     assert run_record(run_id)["status"] == "failed"
