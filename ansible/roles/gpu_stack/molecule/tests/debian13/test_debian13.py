@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from apt_state import apt_would_change, candidate, held_packages, installed_version
-from gpu_checks import NODES, inventory_var, run_check
+from gpu_checks import NODES, inventory_var, node, run_check
 
 testinfra_hosts = NODES
 DRIVER = inventory_var("gpu_stack_driver_version")
@@ -65,10 +65,21 @@ def test_consistency_check_passes_comparing_the_driver_on_gpu_nodes_only():
     assert re.search(rf"gpu-d13-node0\s+{re.escape(DRIVER)}\s", output), output[-3000:]
 
 
-def test_consistency_check_asks_torch_in_the_image_and_names_the_odd_node():
+def test_consistency_check_asks_torch_in_the_image_once_per_image_id_and_names_the_odd_node():
     image = inventory_var("gpu_test_image")
-    result = run_check("-e", f"gpu_stack_check_image={image}")
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-3000:]
+    first = run_check("-e", f"gpu_stack_check_image={image}")
+    output = first.stdout + first.stderr
+    assert first.returncode != 0, output[-3000:]
     assert "gpu-d13-node1: image NCCL is 2.20.5, reference 2.21.5" in output, output[-3000:]
     assert "gpu-d13-node0: image" not in output
+
+    # node1 gets an image whose torch agrees (another id); node0's answer would now differ, under the same id.
+    node("gpu-d13-node1").run_expect([0], "echo sha256:1 > /etc/gpu-test-image-id")
+    node("gpu-d13-node1").run_expect([0], "echo 2.4.1+cu124 12.4 2.21.5 > /etc/gpu-test-torch-answer")
+    node("gpu-d13-node0").run_expect([0], "echo 2.4.1+cu124 12.4 2.19.3 > /etc/gpu-test-torch-answer")
+    second = run_check("-e", f"gpu_stack_check_image={image}")
+    output = second.stdout + second.stderr
+    # node0's answer came from its cache, node1's from its new image: they agree.
+    assert second.returncode == 0, output[-3000:]
+    runs = {name: node(name).file("/var/log/gpu-test-docker-runs").content_string.count("run") for name in NODES}
+    assert runs == {"gpu-d13-node0": 1, "gpu-d13-node1": 2}
