@@ -189,18 +189,27 @@ def fake_docker(tmp_path: Path, monkeypatch, script: str) -> None:
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
 
 
-def test_docker_runtime_reads_the_image_and_looks_inside_it(tmp_path, monkeypatch):
-    # `image inspect` answers with the id and the label; `run ... test -f` finds only /app/train.py.
+def test_docker_runtime_reads_the_image_and_looks_inside_it_once_per_image_id(tmp_path, monkeypatch):
+    # `image inspect` answers with the id (from image-id) and the label; `run ... test -f` finds only /app/train.py,
+    # and each run is counted.
+    (tmp_path / "image-id").write_text("sha256:abc\n")
     fake_docker(
         tmp_path,
         monkeypatch,
-        'case "$1" in image) echo "sha256:abc 2.13.0+cu128";; run) [ "$(eval echo \\${$#})" = /app/train.py ];; esac\n',
+        f'case "$1" in image) echo "$(cat {tmp_path}/image-id) 2.13.0+cu128";;\n'
+        f'  run) echo run >> {tmp_path}/runs; [ "$(eval echo \\${{$#}})" = /app/train.py ];; esac\n',
     )
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    runs = lambda: (tmp_path / "runs").read_text().count("run")  # noqa: E731
     spec = {"node": "node0", "runtime": "docker", "image": "ddp-train:1", "program_in_image": "/app/train.py"}
     report = ddp_prepare.prepare(spec)
     assert (report["image_id"], report["torch"], report["problems"]) == ("sha256:abc", "2.13.0+cu128", [])
+    assert ddp_prepare.prepare(spec)["problems"] == [] and runs() == 1  # known for this image id
     missing = ddp_prepare.prepare(spec | {"program_in_image": "/app/other.py"})["problems"]
     assert missing == ["the image ddp-train:1 on node0 has no /app/other.py (train_program)."]
+    assert ddp_prepare.prepare(spec | {"program_in_image": "/app/other.py"})["problems"] == missing and runs() == 3
+    (tmp_path / "image-id").write_text("sha256:def\n")  # another image under the same name: asked again
+    assert ddp_prepare.prepare(spec)["problems"] == [] and runs() == 4
 
 
 def test_docker_runtime_without_the_image_says_which_stage_builds_it(tmp_path, monkeypatch):

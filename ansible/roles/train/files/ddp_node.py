@@ -572,7 +572,8 @@ def _hung(
     without a new one. Judged once any rank reports a step; a node whose ranks report none then counts as behind."""
     running = {node: status for node, status in statuses.items() if status and status.get("exit_code") is None}
     if not any(status.get("progress") for status in running.values()):
-        return {"job": "running"}  # a program that reports no steps (or none yet): nothing to judge it by
+        # A program that reports no steps (or none yet): the master's poll judges it by its metrics lines, if any.
+        return {"job": "running", "steps_unreported": True}
     stalled = {}
     for node, status in running.items():
         step = (status.get("progress") or {}).get("step")
@@ -591,10 +592,6 @@ def _hung(
         "hung": True,
         "reason": f"no progress for {now - since:.0f} s (train_hang_after_s): the ranks of {node} stopped {where}",
     }
-
-
-def _any_progress(shared_dir: Path, nodes: list[str]) -> bool:
-    return any((_read_status(shared_dir / f"status-{node}.json") or {}).get("progress") for node in nodes)
 
 
 def _metrics_stalled(
@@ -762,7 +759,7 @@ def poll(args: argparse.Namespace) -> int:
             hosts = dict(zip(nodes, args.slurm_hosts.split(","), strict=False)) if args.slurm_hosts else {}
             state = with_slurm_end(state, job, args.slurm_job, hosts, now - since - args.stale_after)
             state |= {"slurm": job} if job else {}
-    if state["job"] == "running" and args.hang_after and args.metrics and not _any_progress(args.shared_dir, nodes):
+    if state.pop("steps_unreported", False) and args.metrics:
         state = _metrics_stalled(_last_line(args.metrics), seen, now, args.hang_after, args.node) or state
     seen_file.write_text(json.dumps(seen))
     exit_code = _read_int(args.node_dir / "exit")

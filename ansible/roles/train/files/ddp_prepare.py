@@ -35,7 +35,9 @@ Standard library only: nodes need nothing but the python3 that Ansible already u
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import json
 import os
 import platform
@@ -95,10 +97,8 @@ def check_runtime(spec: dict[str, Any], report: dict[str, Any]) -> list[str]:
                 "(ansible/playbooks/container.yml) first."
             ]
         inside = spec.get("program_in_image")
-        if inside:
-            argv = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "test", spec["image"], "-f", inside]
-            if subprocess.run(argv, capture_output=True, check=False).returncode != 0:
-                problems.append(f"the image {spec['image']} on {node} has no {inside} (train_program).")
+        if inside and not image_holds(report["image_id"], inside):
+            problems.append(f"the image {spec['image']} on {node} has no {inside} (train_program).")
     else:
         report["torch"] = torch_in_venv(spec["venv"]) if spec.get("venv") else None
         report["venv_python"] = venv_python(spec["venv"]) if spec.get("venv") else None
@@ -108,6 +108,23 @@ def check_runtime(spec: dict[str, Any], report: dict[str, Any]) -> list[str]:
     elif spec.get("config_check") and not problems:
         problems += check_config(node, spec["config_check"])
     return problems
+
+
+def image_holds(image_id: str, path: str) -> bool:
+    """Whether the image holds the file, asked by starting a container once per image id and path: an image id
+    names its content, and a container's start is most of a launch's preflight on a slow node. Only a found file is
+    remembered (in the job's user's cache), so a missing one is asked again after a fix."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-train" / "image-files"
+    marker = cache / f"{image_id.removeprefix('sha256:')}-{hashlib.sha1(path.encode()).hexdigest()}"
+    if marker.exists():
+        return True
+    argv = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "test", image_id, "-f", path]
+    if subprocess.run(argv, capture_output=True, check=False).returncode != 0:
+        return False
+    with contextlib.suppress(OSError):  # no cache (a home that cannot be written): asked again next time
+        cache.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    return True
 
 
 def check_config(node: str, argv: list[str]) -> list[str]:
