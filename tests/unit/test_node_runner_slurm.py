@@ -33,6 +33,18 @@ def test_the_step_arm_writes_runs_the_command_with_the_nodes_environment_and_rec
     assert (node_dir / "ddp_node.py").read_bytes() == (ROOT / "ansible/roles/train/files/ddp_node.py").read_bytes()
 
 
+def test_a_submit_that_does_not_see_every_node_s_part_is_refused_before_slurm_is_asked(tmp_path):
+    """A peer whose run directory is not on shared storage wrote its part where the master cannot see it."""
+    (tmp_path / "step-n0.sh").write_text("exit 0\n")
+    done = run_runner("submit", "--arm-dir", str(tmp_path), "--name", "r1", "--hosts", "n0,n1")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (
+        f"the master does not see the part of the run that n1 wrote to {tmp_path}: with 2 nodes it must be on "
+        "storage every node shares (train_shared_dir / shared_dir, e.g. the NFS mount).\n"
+    )
+    assert not (tmp_path / "step.sh").exists()
+
+
 def test_a_job_slurm_ended_for_its_own_reason_fails_the_run_whatever_the_ranks_say():
     lost_peer = {"job": "failed", "failed_node": "node0", "reason": "exit code 1", "exit_code": 1}
     ended = ddp_node.with_slurm_end(lost_peer, {"state": "NODE_FAIL", "nodes": ""}, "7", HOSTS, 0)

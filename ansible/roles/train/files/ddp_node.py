@@ -659,6 +659,17 @@ def arm(args: argparse.Namespace, command: list[str]) -> int:
 def submit(args: argparse.Namespace) -> int:
     """One batch job for the run: all its nodes to itself, one task on each, whose step runs that node's part."""
     hosts = args.hosts.split(",")
+    # Each node wrote its part where it sees the run's directory: a part the master cannot see is a directory that
+    # is not on shared storage, which would otherwise fail the job only once Slurm starts it.
+    unseen = [host for host in hosts if not (args.arm_dir / f"step-{host}.sh").is_file()]
+    if unseen:
+        print(
+            f"the master does not see the part of the run that {', '.join(unseen)} wrote to {args.arm_dir}: with "
+            f"{len(hosts)} nodes it must be on storage every node shares (train_shared_dir / shared_dir, e.g. the "
+            "NFS mount).",
+            file=sys.stderr,
+        )
+        return 1
     step = args.arm_dir / "step.sh"
     step.write_text(f'exec /bin/sh {shlex.quote(str(args.arm_dir))}/step-"$(hostname -s)".sh\n')
     done = _slurm(

@@ -1,6 +1,7 @@
 """`ddp train` (what `make train` runs) through Slurm on the Debian 12 cluster, with scheduler: slurm: each
 user submits as themselves (cluster_user), a second run waits in Slurm's queue and says where, `ddp stop`
-cancels and is refused for another user's run, and a node that Slurm loses fails the run naming it."""
+cancels and is refused for another user's run, a run directory off shared storage is refused before any job is
+submitted, and a node that Slurm loses fails the run naming it."""
 
 from __future__ import annotations
 
@@ -109,6 +110,21 @@ def test_stop_cancels_the_run_and_is_refused_for_another_users_run():
     assert slurm_job(job_id)["JobState"] in {"CANCELLED", "COMPLETED", "FAILED"}
     for node in NODES:
         assert leftovers(node) == "", f"{node} still runs: {leftovers(node)}"
+
+
+def test_a_run_directory_that_is_not_shared_is_refused_before_slurm_gets_a_job():
+    # /var/tmp is each node's own: node1 writes its part of the batch job where the master cannot see it.
+    done = cli("train", *as_user("alice", shared_dir="/var/tmp/alice-unshared"))
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    said = " ".join(output.split())
+    assert re.search(
+        r"the master does not see the part of the run that \S+ wrote to /var/tmp/alice-unshared/\S+: with 2 nodes "
+        r"it must be on storage every node shares",
+        said,
+    ), output[-3000:]
+    assert "submitted to Slurm" not in output
+    assert node_exec(CONTROLLER, "squeue", "-h", "-u", "alice").stdout.strip() == ""
 
 
 def long_run_until_its_first_step() -> tuple[subprocess.Popen[str], str]:
