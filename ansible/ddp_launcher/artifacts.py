@@ -30,7 +30,7 @@ from typing import Any
 from .contract import RUN_RECORD_VERSION
 
 # The run's records, rewritten as its status changes or on request: not among its results (top level only).
-RECORDS = frozenset({"MANIFEST.sha256", "run.json", "ansible.log", "report.html"})
+RECORDS = frozenset({"MANIFEST.sha256", "run.json", "ansible.log", "report.html", "watch.log"})
 # What collected.tar may hold, and how much: the node packs the newest checkpoint (or all), the metrics and at
 # most train_collect_work_max_mb of work files, so more means the archive is not the one the node runner wrote.
 COLLECTED_DIRS = frozenset({"checkpoints", "metrics", "work"})

@@ -15,13 +15,15 @@ ansible/playbooks/job.yml against the run's nodes; status and stop collect and j
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -140,6 +142,18 @@ def readable(run: Run) -> Run:
             f"{RUN_RECORD_VERSION}): update this checkout"
         )
     return run
+
+
+@contextlib.contextmanager
+def control_lock(run: Run) -> Iterator[Run]:
+    """One status or stop of a run at a time on this controller, so that the first to see its end alone collects
+    it (a detached run's watcher asks while its user may); yields the run as recorded once the lock is held. The
+    lock files sit apart from the runs' directories, whose contents MANIFEST accounts for."""
+    locks = run.directory.parent / ".locks"
+    locks.mkdir(exist_ok=True)
+    with (locks / f"{run.run_id}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield find_run(run.run_id, run.directory.parent)
 
 
 def control_vars(run: Run, action: str) -> dict[str, Any]:
@@ -271,25 +285,27 @@ def print_status(run: Run, printer: StatusPrinter) -> None:
 # ------------------------------------------------------------------------------------------------ commands
 
 
-def status(run: Run, extra_vars: Sequence[str] = ()) -> int:
+def status(asked: Run, extra_vars: Sequence[str] = ()) -> int:
     printer = StatusPrinter()
-    if run.ended:
-        # The nodes are not asked again, and nothing is collected twice (a newer run of the job would lend this
-        # one its files).
-        print_status(run, printer)
-        return 0
-    runner = act(run, "status", printer, extra_vars)
+    with control_lock(asked) as run:
+        if run.ended:
+            # The nodes are not asked again, and nothing is collected twice (a newer run of the job would lend this
+            # one its files).
+            print_status(run, printer)
+            return 0
+        runner = act(run, "status", printer, extra_vars)
     print_status(find_run(run.run_id, run.directory.parent), printer)
     return runner.rc
 
 
-def stop(run: Run, extra_vars: Sequence[str] = ()) -> int:
-    if run.ended:
-        print(f"run {run.run_id} already ended ({run.status}, {run.record['ended']}): nothing to stop")
-        return 0
+def stop(asked: Run, extra_vars: Sequence[str] = ()) -> int:
     started = time.monotonic()
     printer = StatusPrinter()
-    runner = act(run, "stop", printer, extra_vars, train_stop_requested=True)
+    with control_lock(asked) as run:
+        if run.ended:
+            print(f"run {run.run_id} already ended ({run.status}, {run.record['ended']}): nothing to stop")
+            return 0
+        runner = act(run, "stop", printer, extra_vars, train_stop_requested=True)
     ended = find_run(run.run_id, run.directory.parent)
     for line in artifacts.summary_lines(ended.directory, ended.record):
         print(f"  {line}")

@@ -11,7 +11,8 @@ JSON or YAML, @file).
 
 Prints one line per stage, a progress line from rank 0's metrics when it changes, the failing node's first
 error and log tail when the run fails, and the closing summary. The full Ansible output is kept in
-artifacts/<run_id>/ansible.log. Exits with the playbook's exit code; --detach returns once every node runs.
+artifacts/<run_id>/ansible.log. Exits with the playbook's exit code; --detach returns once every node runs (a
+run that train_retries allows to retry is then watched from this machine: detached.py).
 Ctrl-C or SIGTERM stops the run on every node, collects what exists, marks it cancelled and exits 130.
 """
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import artifacts as run_files
-from . import control
+from . import control, detached
 from .artifacts import summary_lines
 from .contract import BUSY_REPORT, ENV_REPORT, POLL_REPORT, STAGE_REPORT, task_report
 
@@ -201,6 +202,8 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     parser.add_argument("--detach", action="store_true", help="return once every node runs the job")
     parser.add_argument("--wait", action="store_true", help="on a cluster busy with another run, wait for it")
     parser.add_argument("--artifacts", type=Path, help="train_artifacts_dir (default: the inventory's)")
+    # The watcher of a detached run (detached.py): follows that run, then retries it as this launch would.
+    parser.add_argument("--after-detached", metavar="RUN", help=argparse.SUPPRESS)
     parser.add_argument(
         "-e",
         "--extra-vars",
@@ -274,6 +277,7 @@ def launch_vars(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv, prog)
     try:
         extravars = launch_vars(args)
@@ -296,6 +300,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupt)
     attempts: list[str] = []
+    if args.after_detached and not retry_after_detached(args, artifacts, extravars, attempts):
+        return 0
     while True:
         printer = Printer()
         run = control.run_playbook(
@@ -316,9 +322,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if retry is None:
             break
         print(f"  {retry}; retrying as attempt {len(attempts) + 1}, from the job's newest checkpoint", flush=True)
-        # A run of its own, named after the first: its id says which attempt it is.
-        extravars |= {"train_attempt": len(attempts) + 1, "train_resume": "auto"}
-        extravars["train_run_tag"] = f"{extravars['train_run_tag'].split('-try')[0]}-try{len(attempts) + 1}"
+        next_attempt(extravars, attempts)
     record_attempts(attempts, artifacts)
     if interrupted.is_set():
         cancel(printer.run_id, artifacts)
@@ -326,10 +330,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         signal.signal(received[0], signal.SIG_DFL)
         os.kill(os.getpid(), received[0])
     if run.rc == 0 and args.detach:
-        where = f"is submitted to Slurm as job {printer.slurm_job}" if printer.slurm_job else "is running on every node"
-        print(f"run {printer.run_id} {where}, detached. From any terminal:")
-        for command in ("status", "logs FOLLOW=1", "stop"):
-            print(f"  make {command} RUN={printer.run_id}")
+        print_detached(printer, argv, artifacts)
         return 0
     print_summary(printer.run_id, artifacts)
     print(f"training {'finished' if run.rc == 0 else 'FAILED'} (status {run.status}, exit {run.rc})")
@@ -358,6 +359,42 @@ def retry_of(run_id: str | None, artifacts: Path) -> str | None:
     if not codes and (code == USAGE_ERROR or "train_timeout_s" in str(record.get("reason"))):
         return None
     return f"attempt {attempt} of {retries + 1} failed on {record.get('failed_node')}: {record.get('reason')}"
+
+
+def retry_after_detached(
+    args: argparse.Namespace, artifacts: Path, extravars: dict[str, Any], attempts: list[str]
+) -> bool:
+    """The watcher of a detached run: once the run ended, whether it is retried (extravars and attempts then
+    name the next attempt)."""
+    watched = detached.wait_for_end(args.after_detached, artifacts, args.extra_vars)
+    retry = retry_of(watched.run_id, artifacts)
+    if retry is None:
+        print(f"run {watched.run_id} ended: {watched.status}")
+        return False
+    attempts.append(watched.run_id)
+    extravars["train_run_tag"] = watched.run_id.removeprefix(f"{watched.record['job']}-")
+    print(f"  {retry}; retrying as attempt 2, from the job's newest checkpoint", flush=True)
+    next_attempt(extravars, attempts)
+    return True
+
+
+def print_detached(printer: Printer, argv: list[str], artifacts: Path) -> None:
+    """What a detached launch says once the run started, after starting its watcher if it may be retried."""
+    where = f"is submitted to Slurm as job {printer.slurm_job}" if printer.slurm_job else "is running on every node"
+    print(f"run {printer.run_id} {where}, detached.")
+    if retries := detached.retries_allowed(str(printer.run_id), artifacts):
+        log = detached.watch_in_background(str(printer.run_id), argv, artifacts)
+        print(f"  a watcher on this machine retries it (train_retries: {retries}) while this machine is up: {log}")
+    print("From any terminal:")
+    for command in ("status", "logs FOLLOW=1", "stop"):
+        print(f"  make {command} RUN={printer.run_id}")
+
+
+def next_attempt(extravars: dict[str, Any], attempts: list[str]) -> None:
+    """The launch variables of the attempt after attempts: a run of its own, named after the first (its id says
+    which attempt it is), resuming from the job's newest checkpoint."""
+    extravars |= {"train_attempt": len(attempts) + 1, "train_resume": "auto"}
+    extravars["train_run_tag"] = f"{extravars['train_run_tag'].split('-try')[0]}-try{len(attempts) + 1}"
 
 
 def record_attempts(attempts: list[str], artifacts: Path) -> None:

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,22 @@ def test_a_report_is_found_after_other_output_and_only_of_its_kind():
     assert contract.parse_report(json.dumps(report), contract.POLL_REPORT) is None
     assert contract.parse_report('{"kind": "ddp_env.place/1", "key"', contract.ENV_REPORT) is None  # cut short
     assert contract.parse_report(None, contract.ENV_REPORT) is None
+
+
+def test_a_status_waits_for_the_run_s_lock_and_asks_the_nodes_only_if_the_run_did_not_end_meanwhile(
+    tmp_path, monkeypatch
+):
+    """A detached run's watcher and its user may ask at once: the first to see the end alone collects it."""
+    artifacts.record(tmp_path / "job-1", {"status": "running", "job": "job", "started": "now"})
+    asked: list[str] = []
+    monkeypatch.setattr(control, "act", lambda run, *_args, **_kwargs: asked.append(run.run_id))
+    run = control.find_run("job-1", tmp_path)
+    with control.control_lock(run):
+        waiting = threading.Thread(target=control.status, args=(run,))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()  # held by the lock
+        artifacts.record(tmp_path / "job-1", {"status": "failed", "ended": "now"})  # what the holder's call found
+    waiting.join(10)
+    assert not waiting.is_alive() and asked == []
+    assert not (tmp_path / "job-1" / ".locks").exists() and (tmp_path / ".locks" / "job-1.lock").is_file()
