@@ -14,23 +14,43 @@ HOSTS = {"node0": "n0", "node1": "n1"}
 
 
 def test_the_step_arm_writes_runs_the_command_with_the_nodes_environment_and_records_its_end(tmp_path):
-    node_dir, shared = tmp_path / "node" / "run", tmp_path / "shared"
+    node_dir, shared, work = tmp_path / "node" / "run", tmp_path / "shared", tmp_path / "work"
     shared.mkdir()
+    work.mkdir()
     env = os.environ | {"DDP_TEST_VALUE": "it's $HOME"}
     armed = run_runner(
         "arm", "--node-dir", str(node_dir), "--shared-dir", str(shared), "--arm-dir", str(shared),
-        "--node", "node0", "--export", "DDP_TEST_VALUE", "--", "sh", "-c", 'echo "value: $DDP_TEST_VALUE"', env=env,
+        "--workdir", str(work), "--node", "node0", "--export", "DDP_TEST_VALUE",
+        "--", "sh", "-c", 'echo "value: $DDP_TEST_VALUE in $(pwd)"', env=env,
     )  # fmt: skip
     assert armed.returncode == 0, armed.stderr
     host = json.loads(armed.stdout)["host"]
     assert host == platform.node().split(".")[0]
     # Slurm's step runs the script with an environment of the submitting node's, not this node's play.
-    step = subprocess.run(["sh", str(shared / f"step-{host}.sh")], env={"PATH": os.environ["PATH"]}, check=False)
+    step = subprocess.run(
+        ["sh", str(shared / f"step-{host}.sh")], env={"PATH": os.environ["PATH"]}, cwd=shared, check=False
+    )
     assert step.returncode == 0
-    assert "value: it's $HOME" in (node_dir / "node.log").read_text()
+    # ... and in the run's work dir, as without Slurm, not where Slurm starts it.
+    assert f"value: it's $HOME in {work}\n" in (node_dir / "node.log").read_text()
     assert json.loads((shared / "status-node0.json").read_text())["exit_code"] == 0
     # The copy it ran is the runner, in the run's node directory.
     assert (node_dir / "ddp_node.py").read_bytes() == (ROOT / "ansible/roles/train/files/ddp_node.py").read_bytes()
+
+
+def test_a_node_that_does_not_see_the_run_s_work_dir_writes_no_part(tmp_path):
+    """The master made the work dir on shared storage: a node without it has storage of its own there."""
+    work = tmp_path / "shared" / "work"
+    armed = run_runner(
+        "arm", "--node-dir", str(tmp_path / "node"), "--shared-dir", str(tmp_path / "shared"),
+        "--arm-dir", str(tmp_path / "shared" / "nodes"), "--workdir", str(work), "--node", "node1", "--", "true",
+    )  # fmt: skip
+    assert armed.returncode == 1 and armed.stdout == ""
+    assert armed.stderr == (
+        f"host node1 does not see the run's work dir {work}, which the master made: with several nodes it must be on "
+        "storage every node shares (train_shared_dir / shared_dir, e.g. the NFS mount).\n"
+    )
+    assert not (tmp_path / "shared").exists()
 
 
 def test_a_submit_that_does_not_see_every_node_s_part_is_refused_before_slurm_is_asked(tmp_path):

@@ -31,7 +31,7 @@
         With --slurm-job J, a job still in Slurm's queue is "queued" (its place and Slurm's reason), and a job
         Slurm ended for its own reason (a node's failure, a time limit) fails with it, naming the node Slurm
         holds down.
-    ddp_node.py arm --arm-dir A [--export K ...] ... (launch's arguments)
+    ddp_node.py arm --arm-dir A --workdir W [--export K ...] ... (launch's arguments)
         Under Slurm: writes A/step-HOST.sh (HOST: this node's short host name, its Slurm NodeName), which runs
         launch (--scheduler-step) with a copy of this file in D, as the job's user, when Slurm starts the
         batch job's step here. Prints {"host": HOST}.
@@ -637,6 +637,14 @@ def _short_host() -> str:
 def arm(args: argparse.Namespace, command: list[str]) -> int:
     """This node's part of the batch job: a copy of this runner (Ansible removes the one it shipped) and a step
     script that runs launch with it, written as the job's user, who alone runs them."""
+    if not args.workdir.is_dir():
+        # The master made it on shared storage before any node arms: a node that does not see it has its own.
+        print(
+            f"host {args.node} does not see the run's work dir {args.workdir}, which the master made: with several "
+            "nodes it must be on storage every node shares (train_shared_dir / shared_dir, e.g. the NFS mount).",
+            file=sys.stderr,
+        )
+        return 1
     args.node_dir.mkdir(parents=True, exist_ok=True)
     args.arm_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("pgid", "exit", "busy", "stopping"):
@@ -650,7 +658,11 @@ def arm(args: argparse.Namespace, command: list[str]) -> int:
     exports = "".join(f"export {key}={shlex.quote(os.environ[key])}\n" for key in args.export if key in os.environ)
     host = _short_host()
     step = args.arm_dir / f"step-{host}.sh"
-    script = f"# {args.node}'s part of the run (ddp_node.py arm)\n{exports}exec {shlex.join([*argv, '--', *command])}\n"
+    # The program runs in the run's work dir, as it does without Slurm (Slurm starts the step in the arm dir).
+    script = (
+        f"# {args.node}'s part of the run (ddp_node.py arm)\ncd {shlex.quote(str(args.workdir))} || exit 1\n"
+        f"{exports}exec {shlex.join([*argv, '--', *command])}\n"
+    )
     step.write_text(script)
     print(json.dumps({"host": host}))
     return 0
@@ -987,7 +999,13 @@ def _add_slurm_parsers(sub: Any) -> None:
     sub.choices["poll"].add_argument("--slurm-hosts", help="the nodes' Slurm names, in --nodes' order")
     sub.choices["launch"].add_argument("--scheduler-step", action="store_true", help="a SIGTERM is a cancel")
     armer = sub.add_parser("arm")
-    for option, kind in (("--node-dir", Path), ("--shared-dir", Path), ("--arm-dir", Path), ("--node", str)):
+    for option, kind in (
+        ("--node-dir", Path),
+        ("--shared-dir", Path),
+        ("--arm-dir", Path),
+        ("--workdir", Path),
+        ("--node", str),
+    ):
         armer.add_argument(option, type=kind, required=True)
     armer.add_argument("--mark-start", type=Path)
     armer.add_argument("--timeout", type=float, default=0.0)

@@ -113,16 +113,17 @@ def test_stop_cancels_the_run_and_is_refused_for_another_users_run():
 
 
 def test_a_run_directory_that_is_not_shared_is_refused_before_slurm_gets_a_job():
-    # /var/tmp is each node's own: node1 writes its part of the batch job where the master cannot see it.
+    # /var/tmp is each node's own: node1 does not see the work dir the master made there.
     done = cli("train", *as_user("alice", shared_dir="/var/tmp/alice-unshared"))
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-3000:]
     said = " ".join(output.split())
     assert re.search(
-        r"the master does not see the part of the run that \S+ wrote to /var/tmp/alice-unshared/\S+: with 2 nodes "
-        r"it must be on storage every node shares",
+        rf"host {OTHER} does not see the run's work dir /var/tmp/alice-unshared/\S+, which the master made: with "
+        r"several nodes it must be on storage every node shares",
         said,
     ), output[-3000:]
+    assert f"{OTHER} could not write its part of the batch job (above): nothing was submitted" in said, said
     assert "submitted to Slurm" not in output
     assert node_exec(CONTROLLER, "squeue", "-h", "-u", "alice").stdout.strip() == ""
 
