@@ -321,8 +321,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         retry = None if interrupted.is_set() or args.detach else retry_of(printer.run_id, artifacts)
         if retry is None:
             break
-        print(f"  {retry}; retrying as attempt {len(attempts) + 1}, from the job's newest checkpoint", flush=True)
-        next_attempt(extravars, attempts)
+        next_attempt(retry, extravars, attempts)
     record_attempts(attempts, artifacts)
     if interrupted.is_set():
         cancel(printer.run_id, artifacts)
@@ -373,8 +372,7 @@ def retry_after_detached(
         return False
     attempts.append(watched.run_id)
     extravars["train_run_tag"] = watched.run_id.removeprefix(f"{watched.record['job']}-")
-    print(f"  {retry}; retrying as attempt 2, from the job's newest checkpoint", flush=True)
-    next_attempt(extravars, attempts)
+    next_attempt(retry, extravars, attempts)
     return True
 
 
@@ -390,9 +388,10 @@ def print_detached(printer: Printer, argv: list[str], artifacts: Path) -> None:
         print(f"  make {command} RUN={printer.run_id}")
 
 
-def next_attempt(extravars: dict[str, Any], attempts: list[str]) -> None:
-    """The launch variables of the attempt after attempts: a run of its own, named after the first (its id says
-    which attempt it is), resuming from the job's newest checkpoint."""
+def next_attempt(retry: str, extravars: dict[str, Any], attempts: list[str]) -> None:
+    """Says why the run is retried and sets the launch variables of the attempt after attempts: a run of its own,
+    named after the first (its id says which attempt it is), resuming from the job's newest checkpoint."""
+    print(f"  {retry}; retrying as attempt {len(attempts) + 1}, from the job's newest checkpoint", flush=True)
     extravars |= {"train_attempt": len(attempts) + 1, "train_resume": "auto"}
     extravars["train_run_tag"] = f"{extravars['train_run_tag'].split('-try')[0]}-try{len(attempts) + 1}"
 
