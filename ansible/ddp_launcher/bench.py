@@ -1,7 +1,8 @@
 """`make bench`: the cluster's figures of merit, each a ratio of two numbers measured in the same run.
 
     ddp bench [--inventory inventory/local] [--artifacts DIR] [--site-seconds CONVERGE RERUN CHANGED]
-              [--launch-seconds S --run-dir DIR] [--data-files N] [--only p1 p2 p3 p4 p6 p6lab p7 p8]
+              [--launch-seconds S --run-dir DIR] [--data-files N] [--p7-pairs N]
+              [--only p1 p2 p3 p4 p6 p6lab p7 p8]
 
 Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p1_allreduce_busbw_over_link   allreduce busbw at 64 MiB over the iperf3 bandwidth of the slowest node pair
@@ -20,9 +21,9 @@ Writes <artifacts>/bench-<time>/bench.json and prints a table:
   p6_lab_overhead_over_training  (`make train`'s wall time - the program's training time) / that training time,
                                  for the lab's run that the e2e stage makes (--launch-seconds, --run-dir)
   p7_env_cache_hit_overhead_s    a launch whose job environment is already made minus the same launch without
-                                 requirements (the fastest of two each, after the miss that made it), with the
-                                 hits' own environment tasks beside it; the requirement is a local demo wheel,
-                                 so no index is reached
+                                 requirements (the fastest of --p7-pairs each, 2 by default, after the miss that
+                                 made it), with the hits' own environment tasks beside it; the requirement is a
+                                 local demo wheel, so no index is reached
   p8_data_resync_s               the sync tasks' own time in a launch whose dataset (--data-files of 1 MB, 1,000 by
                                  default) is already on shared storage unchanged
 Every null comes with its reason; the raw numbers behind each ratio, the machine, versions and git commit too.
@@ -245,9 +246,10 @@ def shipped_run(inventory: str, artifacts: Path, program: Path, run_id: str, ext
     return runner
 
 
-def p7(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
+def p7(inventory: str, artifacts: Path, stamp: str, pairs: int = 2) -> dict[str, Any]:
     """The cost of a job environment that is already made: the same tiny program launched with and without a
-    requirements file, alternating, after a first launch made the environment (a key new to this bench)."""
+    requirements file, alternating `pairs` times, after a first launch made the environment (a key new to this
+    bench)."""
     work = artifacts / stamp / "p7"
     plain, with_env = work / "plain" / "main.py", work / "env" / "main.py"
     for program in (plain, with_env):
@@ -260,7 +262,7 @@ def p7(inventory: str, artifacts: Path, stamp: str) -> dict[str, Any]:
     index = {"train_index_options": ["--no-index", "--find-links", str(demo_wheels.demo_index(work / "wheels"))]}
     times: dict[str, list[float]] = {"miss": [], "plain": [], "hit": []}
     env_tasks: list[float] = []  # the hits' own environment tasks: the difference without the launches' noise
-    for number, (kind, program) in enumerate((("miss", with_env), *(("plain", plain), ("hit", with_env)) * 2)):
+    for number, (kind, program) in enumerate((("miss", with_env), *(("plain", plain), ("hit", with_env)) * pairs)):
         runner = shipped_run(inventory, artifacts, program, f"{stamp}-p7-{number}", index)
         if runner.rc != 0:
             return {"value": None, "reason": f"a {kind} launch failed: see {artifacts}/{stamp}-p7-*"}
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--launch-seconds", type=float)
     parser.add_argument("--run-dir", type=Path)
     parser.add_argument("--data-files", type=int, default=1000, help="p8's dataset: this many files of 1 MB")
+    parser.add_argument("--p7-pairs", type=int, default=2, help="p7's launches without and with the environment")
     # The e2e stage records p3 from the site.yml runs it makes anyway, without measuring the rest again.
     parser.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES))
     args = parser.parse_args(argv)
@@ -351,7 +354,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "p4": lambda: p4(inventory, artifacts, stamp),
         "p6": lambda: p6(inventory, artifacts, stamp),
         "p6lab": lambda: p6_lab(args.launch_seconds, args.run_dir),
-        "p7": lambda: p7(inventory, artifacts, stamp),
+        "p7": lambda: p7(inventory, artifacts, stamp, args.p7_pairs),
         "p8": lambda: p8(inventory, artifacts, stamp, args.data_files),
     }
     results: dict[str, dict[str, Any]] = {}

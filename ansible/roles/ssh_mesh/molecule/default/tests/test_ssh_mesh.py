@@ -154,3 +154,11 @@ def test_private_key_readable_by_its_owner_only(host):
     key = host.file(CLUSTER_KEY)
     assert key.user == CLUSTER_USER
     assert key.mode == 0o600
+
+
+def test_known_hosts_pins_each_member_once_by_name_and_address_and_keeps_the_admins_own(host):
+    lines = host.file("/etc/ssh/ssh_known_hosts").content_string.splitlines()
+    assert lines[0].startswith("gateway.example.org ssh-ed25519 "), lines
+    for name in NODES:
+        pins = [line for line in lines if line.split(" ", 1)[0] == f"{name},{cluster_address(name)}"]
+        assert [pin.split(" ", 1)[1] for pin in pins] == [public_key(node(name), "/etc/ssh/ssh_host_ed25519_key.pub")]

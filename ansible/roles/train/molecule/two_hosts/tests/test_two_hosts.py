@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import jobs
 import pytest
 from jobs import FLAKY, HANG
 from testhosts import container
@@ -88,7 +89,7 @@ def test_own_script_resumes_from_its_snapshot_on_shared_storage_on_every_node(tm
         assert "Resuming training from snapshot at epoch 4" in log, f"{node}:\n{log[-2000:]}"
 
 
-ADVERSARY = Path(__file__).parent / "adversary"
+ADVERSARY = Path(jobs.__file__).parent / "adversary"  # the job the unit tier runs on inventory/local too
 SECRET = "/etc/ddp-adversary-secret"  # root's alone (0600), where a link can name it
 
 
@@ -101,7 +102,8 @@ def tree_hashes(directory: Path) -> dict[str, str]:
 
 
 def test_a_job_that_tries_to_reach_what_is_not_its_own_reaches_nothing(converge_run):
-    """Ansible connects as root and the job runs as the cluster user (adversary/attack.py says what it tries).
+    """Ansible connects as root and the job runs as the cluster user (molecule/shared/adversary/attack.py says
+    what it tries).
     Nothing root does afterwards (the polls, collect, the fetch, a status of an older run) may hand it the
     secret, and an older run's artifacts stay as they were."""
     token = f"secret-{uuid.uuid4().hex}"

@@ -1,5 +1,5 @@
-"""A job that tries to reach what is not its own, and records how each attempt ended in attempts-<node>.json in
-its work directory. It does nothing else and exits 0: the run must succeed and its artifacts hold only its own.
+"""A job that tries to reach what is not its own, and records how each attempt ended in attempts-<node>-<rank>.json
+in its work directory. It does nothing else and exits 0: the run must succeed and its artifacts hold only its own.
 
 Usage: attack.py SECRET (a file only root may read, which must not reach the artifacts by any path)."""
 
@@ -32,7 +32,7 @@ def rewrite_runners() -> dict[str, str]:
     return {f"{path} (uid {path.stat().st_uid})": attempt(lambda p=path: p.open("a").write("#")) for path in found}
 
 
-def plant_links(secret: str, node_dir: Path, node: str) -> dict[str, str]:
+def plant_links(secret: str, node_dir: Path, me: str) -> dict[str, str]:
     """Links to the secret where the launch reads back: the node's log, its archive, and the work directory."""
     results = {}
     for name in ("node.log", "collected.tar"):
@@ -44,15 +44,16 @@ def plant_links(secret: str, node_dir: Path, node: str) -> dict[str, str]:
             aside.replace(target)
 
         results[str(target)] = attempt(swap)
-    # Named by node: every node's rank shares the work directory.
-    results["work/leak (symlink)"] = attempt(lambda: Path(f"leak-{node}").symlink_to(secret))
-    results["work/hardleak (hard link)"] = attempt(lambda: os.link(secret, f"hardleak-{node}"))
+    # Named by node and rank: every rank shares the work directory.
+    results["work/leak (symlink)"] = attempt(lambda: Path(f"leak-{me}").symlink_to(secret))
+    results["work/hardleak (hard link)"] = attempt(lambda: os.link(secret, f"hardleak-{me}"))
     return results
 
 
 def write_other_runs(own_output: str) -> dict[str, str]:
-    """A file in every other run's directory on shared storage."""
-    others = [d for d in Path("/data/ddp").glob("*/runs/*") if d.resolve() != Path(own_output).resolve()]
+    """A file in every other run's directory on shared storage (<shared>/ddp/<job>/runs/<run>, this run's too)."""
+    jobs = Path(own_output).resolve().parents[2]
+    others = [d for d in jobs.glob("*/runs/*") if d.resolve() != Path(own_output).resolve()]
     return {str(d): attempt(lambda d=d: (d / "intruder.txt").write_text("not yours\n")) for d in others}
 
 
@@ -75,17 +76,19 @@ def signal_others() -> list[str]:
 def main() -> int:
     secret = sys.argv[1]
     node = socket.gethostname()
+    run = Path(os.environ["DDP_OUTPUT_DIR"]).name  # the work dir is the job's, kept from run to run
+    me = f"{node}-{os.environ.get('LOCAL_RANK', '0')}-{run}"
     node_dir = Path("/proc/self/fd/1").readlink().parent  # the runner sends the job's output to its node.log
     attempts = {
         "node": node,
         "uid": os.getuid(),
         "read_secret": attempt(lambda: Path(secret).read_bytes()),
         "runners": rewrite_runners(),
-        "links": plant_links(secret, node_dir, node),
+        "links": plant_links(secret, node_dir, me),
         "other_runs": write_other_runs(os.environ["DDP_OUTPUT_DIR"]),
         "signalled_others": signal_others(),
     }
-    Path(f"attempts-{node}.json").write_text(json.dumps(attempts, indent=1) + "\n")
+    Path(f"attempts-{me}.json").write_text(json.dumps(attempts, indent=1) + "\n")
     print(json.dumps(attempts), file=sys.stderr, flush=True)
     return 0
 
