@@ -29,15 +29,14 @@ def own_venv() -> Path:
     """A venv the second account may run: the project's .venv uses an interpreter under /root (0700), so this one
     uses Debian's python3.11 and reaches the same packages (torch) through a .pth file, read-only."""
     venv = BASE / "venv"
-    if not (venv / "bin" / "torchrun").exists():
+    if not (venv / "bin" / "python").exists():
         subprocess.run(["/usr/bin/python3.11", "-m", "venv", "--without-pip", "--clear", str(venv)], check=True)
-        packages = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
-        (venv / "lib" / "python3.11" / "site-packages" / "ddp-project.pth").write_text(f"{packages}\n")
-        torchrun = venv / "bin" / "torchrun"
-        torchrun.write_text(
-            f"#!{venv}/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
-        )
-        torchrun.chmod(0o755)
+    # Written each time: another checkout's tests may have pointed it at their own .venv.
+    packages = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
+    (venv / "lib" / "python3.11" / "site-packages" / "ddp-project.pth").write_text(f"{packages}\n")
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{venv}/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    torchrun.chmod(0o755)
     return venv
 
 
@@ -52,6 +51,9 @@ def second_account(tmp_path_factory) -> Path:
     except KeyError:
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", ACCOUNT], check=True)
     BASE.mkdir(mode=0o755, exist_ok=True)
+    torch = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "torch" / "__init__.py"
+    if subprocess.run(["runuser", "-u", ACCOUNT, "--", "test", "-r", str(torch)], check=False).returncode != 0:
+        pytest.skip(f"{ACCOUNT} cannot read {torch}: this checkout lies in a directory closed to other accounts")
     shutil.rmtree(BASE / "shared", ignore_errors=True)
     (BASE / "shared").mkdir(mode=0o755)
     shutil.chown(BASE / "shared", ACCOUNT, ACCOUNT)  # as the NFS server's role exports it: the cluster user's
@@ -133,6 +135,10 @@ def test_a_local_job_of_another_account_reaches_nothing_of_root_s_nor_another_ru
     assert check.returncode == 0
     leaked = [found for found in ARTIFACTS.rglob("*") if found.is_file() and token.encode() in found.read_bytes()]
     assert leaked == []
+    # Root packed through a child that was the job's user, into a file of root's own, removed once fetched.
+    outbox = Path.home() / ".cache" / "ddp-train" / "outbox"
+    assert (outbox.stat().st_uid, outbox.stat().st_mode & 0o077) == (0, 0)
+    assert [left.name for left in outbox.iterdir() if run_id in left.name] == []
 
     again = make("status", f"RUN={earlier}")
     assert again.returncode == 0, again.stdout + again.stderr

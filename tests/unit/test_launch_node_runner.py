@@ -4,12 +4,16 @@ test_node_runner_launch.py, test_node_runner_poll.py, test_node_runner_stop.py."
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
-from _node_runner import ddp_node, end_leftovers, launched_pgid, launcher, node_args, run_runner
+from _node_runner import RUNNER, ddp_node, end_leftovers, launched_pgid, launcher, node_args, run_runner
 
 NODES = ["node0", "node1"]
 
@@ -225,6 +229,7 @@ def test_collect_takes_only_what_the_run_wrote_newest_first_within_the_cap(tmp_p
     stamp(tmp_path / "output/notes.txt", 3000)
     report = json.loads(run_runner(*args).stdout)
     assert report == {
+        "archive": str(tmp_path / "collected.tar"),
         "checkpoints": ["ckpt-30.pt"],
         "metrics": ["metrics.jsonl"],
         "files": ["sub/log.txt", "snapshot.pt"],
@@ -289,6 +294,38 @@ def test_a_link_the_job_left_where_the_archive_goes_is_replaced_not_followed(tmp
     assert packed(tmp_path) == ["logs/node1/node.log"]
     assert target.read_text() == "kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["collected.tar", "node", "not-the-job-s.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root packs for another account")
+def test_root_packs_as_the_job_s_user_so_a_swapped_directory_leads_it_nowhere(tmp_path):
+    """Where Ansible connects as root: the job made its run's directory a link to a directory of root's alone.
+    Root reading the log would follow it; the child that has become the job's user cannot."""
+    job = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ddp-collect-job-"))  # a place another account can reach
+    try:
+        job.chmod(0o755)
+        roots = job / "roots"
+        roots.mkdir(mode=0o700)
+        stamp(roots / "node.log", 1000)
+        (roots / "node.log").chmod(0o600)
+        (job / "run").symlink_to(roots)
+        os.lchown(job / "run", 65534, 65534)
+        outbox = tmp_path / "outbox" / "run-node1.tar"
+        args = ["collect", "--out", str(outbox), "--node", "node1", "--log", str(job / "run" / "node.log")]
+        command = ["/usr/bin/python3", str(RUNNER), *args]
+
+        as_job = subprocess.run([*command, "--as-user", "nobody"], capture_output=True, text=True, check=False)
+        assert as_job.returncode == 0, as_job.stderr
+        assert json.loads(as_job.stdout)["archive"] == str(outbox)
+        with tarfile.open(outbox) as tar:
+            assert tar.getnames() == []
+        assert (outbox.stat().st_uid, stat.S_IMODE(outbox.stat().st_mode)) == (0, 0o600)
+        assert stat.S_IMODE(outbox.parent.stat().st_mode) == 0o700
+
+        as_root = subprocess.run(command, capture_output=True, text=True, check=False)  # what it guards against
+        with tarfile.open(outbox) as tar:
+            assert tar.getnames() == ["logs/node1/node.log"], as_root.stderr
+    finally:
+        shutil.rmtree(job)
 
 
 def test_the_master_s_part_of_collect_needs_all_its_directories(tmp_path, capsys):

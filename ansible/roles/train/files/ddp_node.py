@@ -50,12 +50,21 @@
         --dump-stacks first takes the ranks' Python stacks (py-spy), written to the log's end after the stop.
     ddp_node.py collect --out TAR --node NAME --log LOG
                         [--since FILE --work-dir W --checkpoints C --metrics M [--all-checkpoints]
-                         [--glob G ...] [--max-bytes N]]
+                         [--glob G ...] [--max-bytes N]] [--as-user USER]
         Writes TAR, which the controller fetches in one go: this node's LOG as logs/NAME/node.log and, on the
         master (--since), what the run left on shared storage: checkpoints/ (the newest *.pt in C written after
         FILE was, or all of them), metrics/ (*.json, *.jsonl in M) and work/ (the files under W modified after
         FILE whose relative path matches a glob, newest first until N bytes). FILE and the files are stamped by
         the same file server, so the nodes' clocks play no part. Prints what it packed and what it skipped.
+        With --as-user (root, for a job of USER's): a child that has become USER reads the job's files and
+        writes them into TAR, which root opened in a directory of its own.
+
+    python3 CODE.pyz unpack --dest D [--program P]
+        The packed working directory travels as CODE.pyz: this file as its __main__.py and code.tar.gz beside it
+        (ddp_pack_workdir writes both), so shipping it is one transfer and one process. Makes D (0700; it must not
+        exist) and unpacks the code into it: regular files with their owner's modes only (u+rwX,go-rwx),
+        directories 0700, symbolic links as they are; a name that leaves D is refused. Prints {"files": N}, or
+        fails when D/P is no file.
 
 Standard library only: nodes need nothing but the python3 that Ansible already uses. Ansible's script module
 ships this file with every call, so nothing on a node that the job's user could change is ever run as another
@@ -72,6 +81,7 @@ import fnmatch
 import json
 import os
 import platform
+import pwd
 import re
 import shlex
 import shutil
@@ -82,7 +92,8 @@ import tarfile
 import tempfile
 import threading
 import time
-from pathlib import Path
+import zipfile
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 HEARTBEAT_EVERY_S = 5.0  # pragma: no mutate (a pace: --stale-after, not this, decides what counts as silent)
@@ -933,8 +944,16 @@ def _newer_files(directory: Path, patterns: list[str], since: float) -> list[Pat
     )
 
 
-def collect(args: argparse.Namespace) -> int:
-    """One archive per node: its log, and on the master what the run left on shared storage."""
+def _own_file(path: Path) -> bool:
+    """A regular file this process may read, reached without a link at its end."""
+    try:
+        return path.is_file() and not path.is_symlink() and os.access(path, os.R_OK)
+    except OSError:  # a directory on the way that this account may not pass
+        return False
+
+
+def _pack(args: argparse.Namespace, file: BinaryIO) -> dict[str, Any]:
+    """Writes this node's archive into file and returns what it holds."""
     started = args.since.stat().st_mtime if args.since and args.since.exists() else None
     checkpoints: list[Path] = []
     work: list[Path] = []
@@ -951,11 +970,8 @@ def collect(args: argparse.Namespace) -> int:
             work.append(rel)
             total += size
     metrics = _newer_files(args.metrics, ["*.json", "*.jsonl"], float("-inf")) if args.metrics else []
-    # Made under a fresh name and renamed over --out: a link the job left at --out is replaced, never followed, so
-    # the fetch that reads --out next reads this archive.
-    handle, part = tempfile.mkstemp(dir=args.out.parent, prefix=".collected-")
-    with os.fdopen(handle, "wb") as file, tarfile.open(fileobj=file, mode="w") as tar:
-        if args.log and args.log.is_file() and not args.log.is_symlink():
+    with tarfile.open(fileobj=file, mode="w") as tar:
+        if args.log and _own_file(args.log):
             tar.add(args.log, arcname=f"logs/{args.node}/node.log", recursive=False)
         for path in checkpoints:
             tar.add(path, arcname=f"checkpoints/{path.name}", recursive=False)
@@ -963,15 +979,109 @@ def collect(args: argparse.Namespace) -> int:
             tar.add(path, arcname=f"metrics/{path.name}", recursive=False)
         for rel in work:
             tar.add(args.work_dir / rel, arcname=f"work/{rel}", recursive=False)
-    Path(part).replace(args.out)
-    report = {
+    return {
+        "archive": str(args.out),
         "checkpoints": [path.name for path in checkpoints],
         "metrics": [path.name for path in metrics],
         "files": [str(rel) for rel in work],
         "bytes": total,
         "skipped": skipped,
     }
+
+
+def _as_user(name: str) -> None:
+    """Becomes account name for good (groups, then gid, then uid: the order in which each change is allowed)."""
+    account = pwd.getpwnam(name)
+    os.initgroups(name, account.pw_gid)
+    os.setgid(account.pw_gid)
+    os.setuid(account.pw_uid)
+
+
+def collect(args: argparse.Namespace) -> int:
+    """One archive per node: its log, and on the master what the run left on shared storage.
+
+    With --as-user, this process is root and the job's files are that user's: a child that has become the user
+    does the reading, so no link the job left can lead root anywhere, and it writes into a file that root opened
+    in a directory of root's own (--out), which the fetch then reads."""
+    if args.as_user:
+        if os.geteuid() != 0:
+            raise SystemExit(f"collect --as-user {args.as_user} needs root; this is uid {os.geteuid()}")
+        args.out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Made under a fresh name and renamed over --out: a link left at --out is replaced, never followed, so the
+    # fetch that reads --out next reads this archive.
+    handle, part = tempfile.mkstemp(dir=args.out.parent, prefix=".collected-")
+    with os.fdopen(handle, "wb") as file:
+        if not args.as_user:
+            report = _pack(args, file)
+        else:
+            reader, writer = os.pipe()
+            child = os.fork()
+            if child == 0:  # pragma: no cover (the child's coverage is the parent's result)
+                os.close(reader)
+                code = 1
+                try:
+                    _as_user(args.as_user)
+                    os.write(writer, json.dumps(_pack(args, file)).encode())
+                    file.flush()
+                    code = 0
+                except Exception as error:  # whatever it was, the parent must hear of it
+                    print(f"collect as {args.as_user}: {error!r}", file=sys.stderr, flush=True)
+                finally:
+                    os._exit(code)
+            os.close(writer)
+            with os.fdopen(reader) as answer:
+                said = answer.read()
+            _, status = os.waitpid(child, 0)
+            if not said or os.waitstatus_to_exitcode(status) != 0:
+                Path(part).unlink()
+                raise SystemExit(f"collect as {args.as_user} on {platform.node()} failed (see above)")
+            report = json.loads(said)
+    Path(part).replace(args.out)
     print(json.dumps(report))
+    return 0
+
+
+def _private_dirs(dest: Path, rel: PurePosixPath) -> None:
+    """Every directory from dest down to rel, made 0700 where missing (mkdir's parents would take the umask's)."""
+    path = dest
+    for part in rel.parts:
+        path = path / part
+        if not path.is_dir():
+            path.mkdir(mode=0o700)
+
+
+def unpack(args: argparse.Namespace) -> int:
+    """The working directory packed beside this file in its zipapp, into a new directory of the job's user's."""
+    args.dest.mkdir(mode=0o700)  # a new run's: an existing directory is someone else's doing
+    files = 0
+    with (
+        zipfile.ZipFile(sys.argv[0]) as app,
+        app.open("code.tar.gz") as packed,
+        tarfile.open(fileobj=packed, mode="r|gz") as archive,
+    ):
+        for member in archive:
+            rel = PurePosixPath(member.name)
+            if rel.is_absolute() or ".." in rel.parts:
+                raise SystemExit(f"unpack: {member.name} would land outside {args.dest}")
+            _private_dirs(args.dest, rel.parent)
+            target = args.dest / rel
+            if member.isdir():
+                _private_dirs(args.dest, rel)
+            elif member.issym():
+                target.symlink_to(member.linkname)
+            elif member.isfile():
+                mode = 0o700 if member.mode & 0o111 else 0o600
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                with archive.extractfile(member) as source, os.fdopen(os.open(target, flags, mode), "wb") as out:
+                    shutil.copyfileobj(source, out)
+                os.utime(target, (member.mtime, member.mtime))
+                files += 1
+    if args.program and not (args.dest / args.program).is_file():
+        print(
+            f"the shipped working directory holds no {args.program}: is it left out by an ignore file?", file=sys.stderr
+        )
+        return 1
+    print(json.dumps({"files": files}))
     return 0
 
 
@@ -1018,6 +1128,25 @@ def _add_slurm_parsers(sub: Any) -> None:
     sub.add_parser("cancel").add_argument("--slurm-job", required=True)
 
 
+def _add_transfer_parsers(sub: Any) -> None:
+    """What moves between the controller and the node in one archive: collect's and unpack's options."""
+    packer = sub.add_parser("collect")
+    packer.add_argument("--out", type=Path, required=True)
+    packer.add_argument("--node", default="node")
+    packer.add_argument("--log", type=Path)
+    packer.add_argument("--since", type=Path)
+    packer.add_argument("--work-dir", type=Path)
+    packer.add_argument("--checkpoints", type=Path)
+    packer.add_argument("--metrics", type=Path)
+    packer.add_argument("--all-checkpoints", action="store_true")
+    packer.add_argument("--glob", action="append")
+    packer.add_argument("--max-bytes", type=int, default=1 << 30)
+    packer.add_argument("--as-user", help="root packs as this account (the job's) into --out, a path of root's")
+    unpacker = sub.add_parser("unpack")
+    unpacker.add_argument("--dest", type=Path, required=True)
+    unpacker.add_argument("--program", help="the program's path in the code, which must be there")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deadline", type=float, default=0.0, help="seconds this call may take; 0: no limit")
@@ -1049,17 +1178,7 @@ def main(argv: list[str] | None = None) -> int:
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)
     reader.add_argument("--offset", type=int, default=0)
-    packer = sub.add_parser("collect")
-    packer.add_argument("--out", type=Path, required=True)
-    packer.add_argument("--node", default="node")
-    packer.add_argument("--log", type=Path)
-    packer.add_argument("--since", type=Path)
-    packer.add_argument("--work-dir", type=Path)
-    packer.add_argument("--checkpoints", type=Path)
-    packer.add_argument("--metrics", type=Path)
-    packer.add_argument("--all-checkpoints", action="store_true")
-    packer.add_argument("--glob", action="append")
-    packer.add_argument("--max-bytes", type=int, default=1 << 30)
+    _add_transfer_parsers(sub)
     args = parser.parse_args(argv)
     # Not for launch and start, whose supervisor must not be forked from a process with a thread in it; start's
     # own wait is bounded.
@@ -1080,6 +1199,7 @@ def main(argv: list[str] | None = None) -> int:
         "poll": poll,
         "stop": stop,
         "collect": collect,
+        "unpack": unpack,
         "read-log": read_log,
         "busy": busy,
         "submit": submit,

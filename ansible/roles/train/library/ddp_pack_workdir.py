@@ -7,6 +7,7 @@ import hashlib
 import os
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ description:
     to that directory, and a deeper file's patterns (C(!) negations included) override shallower ones; a file
     inside an excluded directory cannot be re-included. C(.git/), C(__pycache__/) and C(*.pyc) are always left out.
   - Writes C(<dest_dir>/<sha256>.tar.gz), where the SHA-256 covers every file's relative path and content.
+  - With I(runner), also writes the zipapp that ships it, C(<dest_dir>/<sha256>-<runner's sha256[:12]>.pyz): the
+    node runner as its C(__main__.py) and the archive as C(code.tar.gz), for C(python3 X.pyz unpack --dest D).
   - Runs on the controller (delegate_to localhost). Needs the pathspec library, a dependency of the toolchain.
 options:
   src: {description: Directory to pack., type: path, required: true}
@@ -29,11 +32,13 @@ options:
   max_bytes: {description: Largest total size of the packed files., type: int, required: true}
   ignore_files: {description: Names of the ignore files read in every directory of src., type: list, elements: str,
                  default: [.gitignore, .ddpignore]}
+  runner: {description: The node runner (ddp_node.py) that unpacks the archive on the node., type: path}
 """
 
 RETURN = r"""
 sha256: {description: Content hash of the packed tree., type: str, returned: success}
 archive: {description: Path of the tar.gz., type: str, returned: success}
+shipper: {description: Path of the zipapp that unpacks it on a node., type: str, returned: when runner is given}
 files: {description: Number of files packed., type: int, returned: success}
 bytes: {description: Their total size., type: int, returned: success}
 """
@@ -138,6 +143,24 @@ def pack(src: Path, dest_dir: Path, max_bytes: int, ignore_files: list[str]) -> 
     return {"changed": changed, "sha256": sha256, "archive": str(archive), "files": len(files), "bytes": total}
 
 
+def zipapp(archive: Path, runner: Path) -> Path:
+    """The archive with the runner that unpacks it, one file to ship: archive's name, and the runner's hash."""
+    runner_code = runner.read_bytes()
+    shipper = archive.with_name(
+        f"{archive.name.removesuffix('.tar.gz')}-{hashlib.sha256(runner_code).hexdigest()[:12]}.pyz"
+    )
+    if not shipper.exists():
+        # Stored, not deflated: the archive is compressed already, and the runner is small.
+        with (
+            tempfile.NamedTemporaryFile(dir=archive.parent, suffix=".part", delete=False) as part,
+            zipfile.ZipFile(part, "w", compression=zipfile.ZIP_STORED) as app,
+        ):
+            app.writestr("__main__.py", runner_code)
+            app.write(archive, "code.tar.gz")
+        Path(part.name).replace(shipper)
+    return shipper
+
+
 def main() -> None:
     # Imported here: importing ansible patches sys.intern, which breaks torch imported later in the same process
     # (the unit tests import this module's functions beside torch's).
@@ -149,12 +172,15 @@ def main() -> None:
             "dest_dir": {"type": "path", "required": True},
             "max_bytes": {"type": "int", "required": True},
             "ignore_files": {"type": "list", "elements": "str", "default": [".gitignore", ".ddpignore"]},
+            "runner": {"type": "path"},
         },
         supports_check_mode=False,
     )
     params = module.params
     try:
         result = pack(Path(params["src"]), Path(params["dest_dir"]), params["max_bytes"], params["ignore_files"])
+        if params["runner"]:
+            result["shipper"] = str(zipapp(Path(str(result["archive"])), Path(params["runner"])))
     except (WorkdirError, OSError) as error:
         module.fail_json(msg=str(error))
     module.exit_json(**result)
