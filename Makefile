@@ -31,7 +31,7 @@ MOLECULE_ROLES ?= ca_trust ssh_mesh firewall nfs_client gpu_stack docker slurm t
 # VMs, e2e, then the container roles in AFTER_E2E_ROLES, so that both lanes end about together (docs/testing.md
 # has the times). A third lane only made every stage slower on 2 cores. Test runs never collide (molecule/testrun.sh).
 VM_ROLES := nfs_client
-AFTER_E2E_ROLES := slurm docker
+AFTER_E2E_ROLES := slurm docker ca_trust
 CONTAINER_ROLES := $(filter-out $(VM_ROLES) $(AFTER_E2E_ROLES),$(MOLECULE_ROLES))
 
 .PHONY: help setup lint unit molecule molecule-all test-hosts test train status logs stop runs report doctor envs envs-prune bench bench-scale gpu-check mutate bench-comm clean-test-hosts lab lab-down e2e
