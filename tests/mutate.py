@@ -65,6 +65,7 @@ TARGETS = {
             "tests/unit/test_node_runner_launch.py",
             "tests/unit/test_node_runner_poll.py",
             "tests/unit/test_node_runner_stop.py",
+            "tests/unit/test_node_runner_unpack.py",
             "tests/unit/test_progress_contract.py",  # the report kinds that the launcher and the callback share
         ),
         60,

@@ -297,24 +297,37 @@ def test_a_link_the_job_left_where_the_archive_goes_is_replaced_not_followed(tmp
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root packs for another account")
+def test_a_collect_for_an_account_that_is_not_there_fails_naming_it(tmp_path):
+    args = ["collect", "--out", str(tmp_path / "c.tar"), "--node", "node1", "--as-user", "ddp-no-such-account"]
+    done = subprocess.run(["/usr/bin/python3", str(RUNNER), *args], capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "collect as ddp-no-such-account: KeyError(" in done.stderr, done.stderr
+    assert "collect as ddp-no-such-account on " in done.stderr and "failed" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing half-written is left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root packs for another account")
 def test_root_packs_as_the_job_s_user_so_a_swapped_directory_leads_it_nowhere(tmp_path):
     """Where Ansible connects as root: the job made its run's directory a link to a directory of root's alone.
     Root reading the log would follow it; the child that has become the job's user cannot."""
     job = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ddp-collect-job-"))  # a place another account can reach
     try:
         job.chmod(0o755)
+        # Root's group may read it too: the child must have left root's groups behind as well as its uid.
         roots = job / "roots"
-        roots.mkdir(mode=0o700)
+        roots.mkdir(mode=0o750)
         stamp(roots / "node.log", 1000)
-        (roots / "node.log").chmod(0o600)
+        (roots / "node.log").chmod(0o640)
         (job / "run").symlink_to(roots)
         os.lchown(job / "run", 65534, 65534)
-        outbox = tmp_path / "outbox" / "run-node1.tar"
+        outbox = tmp_path / "home" / "outbox" / "run-node1.tar"
         args = ["collect", "--out", str(outbox), "--node", "node1", "--log", str(job / "run" / "node.log")]
-        command = ["/usr/bin/python3", str(RUNNER), *args]
+        # With root's groups, as sshd gives a root login: the child must leave them behind too.
+        command = ["setpriv", "--groups", "0", "/usr/bin/python3", str(RUNNER), *args]
 
-        as_job = subprocess.run([*command, "--as-user", "nobody"], capture_output=True, text=True, check=False)
-        assert as_job.returncode == 0, as_job.stderr
+        for _ in range(2):  # the second time into root's directory as the first left it
+            as_job = subprocess.run([*command, "--as-user", "nobody"], capture_output=True, text=True, check=False)
+            assert as_job.returncode == 0, as_job.stderr
         assert json.loads(as_job.stdout)["archive"] == str(outbox)
         with tarfile.open(outbox) as tar:
             assert tar.getnames() == []
