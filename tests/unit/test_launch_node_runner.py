@@ -299,7 +299,9 @@ def test_a_link_the_job_left_where_the_archive_goes_is_replaced_not_followed(tmp
 @pytest.mark.skipif(os.geteuid() != 0, reason="root packs for another account")
 def test_a_collect_for_an_account_that_is_not_there_fails_naming_it(tmp_path):
     args = ["collect", "--out", str(tmp_path / "c.tar"), "--node", "node1", "--as-user", "ddp-no-such-account"]
-    done = subprocess.run(["/usr/bin/python3", str(RUNNER), *args], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["/usr/bin/python3", str(RUNNER), *args], capture_output=True, text=True, check=False, timeout=60
+    )
     assert done.returncode != 0
     assert "collect as ddp-no-such-account: KeyError(" in done.stderr, done.stderr
     assert "collect as ddp-no-such-account on " in done.stderr and "failed" in done.stderr
@@ -326,7 +328,9 @@ def test_root_packs_as_the_job_s_user_so_a_swapped_directory_leads_it_nowhere(tm
         command = ["setpriv", "--groups", "0", "/usr/bin/python3", str(RUNNER), *args]
 
         for _ in range(2):  # the second time into root's directory as the first left it
-            as_job = subprocess.run([*command, "--as-user", "nobody"], capture_output=True, text=True, check=False)
+            as_job = subprocess.run(
+                [*command, "--as-user", "nobody"], capture_output=True, text=True, check=False, timeout=60
+            )
             assert as_job.returncode == 0, as_job.stderr
         assert json.loads(as_job.stdout)["archive"] == str(outbox)
         with tarfile.open(outbox) as tar:
@@ -334,7 +338,9 @@ def test_root_packs_as_the_job_s_user_so_a_swapped_directory_leads_it_nowhere(tm
         assert (outbox.stat().st_uid, stat.S_IMODE(outbox.stat().st_mode)) == (0, 0o600)
         assert stat.S_IMODE(outbox.parent.stat().st_mode) == 0o700
 
-        as_root = subprocess.run(command, capture_output=True, text=True, check=False)  # what it guards against
+        as_root = subprocess.run(
+            command, capture_output=True, text=True, check=False, timeout=60
+        )  # what it guards against
         with tarfile.open(outbox) as tar:
             assert tar.getnames() == ["logs/node1/node.log"], as_root.stderr
     finally:
