@@ -2,6 +2,7 @@
 runner unpacks the archive beside it into a new directory that is the job's user's alone."""
 
 import io
+import os
 import stat
 import subprocess
 import sys
@@ -9,7 +10,6 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-import pytest
 from _modules import ROOT, load
 
 pack_workdir = load("ddp_pack_workdir", "ansible/roles/train/library/ddp_pack_workdir.py")
@@ -30,6 +30,7 @@ def test_the_code_arrives_with_its_owner_s_modes_only_and_its_links_as_links(tmp
     workdir = tmp_path / "work"
     (workdir / "pkg" / "deep").mkdir(parents=True)
     (workdir / "main.py").write_text("print('hi')\n")
+    os.utime(workdir / "main.py", (1_000_000, 1_000_000))  # long before the unpack, so that a kept time shows
     (workdir / "run.sh").write_text("#!/bin/sh\n")
     (workdir / "run.sh").chmod(0o755)
     (workdir / "pkg" / "deep" / "conf.yaml").write_text("a: 1\n")
@@ -55,7 +56,7 @@ def test_the_code_arrives_with_its_owner_s_modes_only_and_its_links_as_links(tmp
     }
     assert (dest / "latest.yaml").readlink() == Path("pkg/deep/conf.yaml")
     assert (dest / "pkg" / "deep" / "conf.yaml").read_text() == "a: 1\n"
-    assert (dest / "main.py").stat().st_mtime == pytest.approx((workdir / "main.py").stat().st_mtime, abs=1)
+    assert (dest / "main.py").stat().st_mtime == 1_000_000
 
     again = unpack(shipper, dest)
     assert again.returncode != 0 and "FileExistsError" in again.stderr  # a run's directory is new, never reused
@@ -79,3 +80,17 @@ def test_a_name_that_leaves_the_directory_is_refused(tmp_path):
     done = unpack(pack_workdir.zipapp(archive, RUNNER), tmp_path / "dest")
     assert done.returncode != 0 and "../escaped.py would land outside" in done.stderr
     assert not (tmp_path / "escaped.py").exists()
+
+
+def test_a_directory_entry_is_made_private_even_when_empty(tmp_path):
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w:gz") as tar:
+        member = tarfile.TarInfo("outputs/empty")
+        member.type, member.mode = tarfile.DIRTYPE, 0o777
+        tar.addfile(member)
+    archive = tmp_path / "dirs.tar.gz"
+    archive.write_bytes(payload.getvalue())
+    done = unpack(pack_workdir.zipapp(archive, RUNNER), tmp_path / "dest")
+    assert done.returncode == 0, done.stderr
+    made = [tmp_path / "dest" / "outputs", tmp_path / "dest" / "outputs" / "empty"]
+    assert [stat.S_IMODE(path.stat().st_mode) for path in made] == [0o700, 0o700]

@@ -1031,7 +1031,7 @@ def collect(args: argparse.Namespace) -> int:
             os.close(writer)
             with os.fdopen(reader) as answer:
                 said = answer.read()
-            _, status = os.waitpid(child, 0)
+            _, status = os.waitpid(child, 0)  # pragma: no mutate (the pipe at EOF: the child is leaving)
             if not said or os.waitstatus_to_exitcode(status) != 0:
                 Path(part).unlink()
                 raise SystemExit(f"collect as {args.as_user} on {platform.node()} failed (see above)")
