@@ -1,4 +1,8 @@
-"""Small test jobs shared by the unit tier (inventory/local) and the container tier."""
+"""Small test jobs shared by the unit tier (inventory/local) and the container tier, and what the adversarial job
+(adversary/attack.py) must come to in both."""
+
+import hashlib
+from pathlib import Path
 
 # Rank 0 saves a checkpoint and dies with the exit code given as its argument; the next attempt finds the
 # checkpoint and finishes (train_retries).
@@ -29,3 +33,20 @@ for step in range(1, 1000):
     dist.all_reduce(torch.ones(1))
     time.sleep(0.2)
 """
+
+
+def tree_hashes(directory: Path) -> dict[str, str]:
+    """Each regular file under directory by relative path: its SHA-256 (to show a run's artifacts unchanged)."""
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+def assert_reached_nothing(attempts: dict) -> None:
+    """One rank's report of adversary/attack.py: nothing of root's or another account's was reached."""
+    assert attempts["read_secret"].startswith("refused"), attempts
+    assert [runner for runner, end in attempts["runners"].items() if "(uid 0)" in runner and end == "done"] == []
+    assert attempts["signalled_others"] == [], attempts
+    assert attempts["links"]["work/leak (symlink)"] == "done", attempts  # so the collection met it
