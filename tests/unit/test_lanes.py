@@ -33,3 +33,21 @@ def test_one_failed_lane_fails_the_run_after_the_others_finish(tmp_path):
     assert (tmp_path / "ok").read_text() == "done\n"  # the failure did not cut the other lane short
     assert "[bad] broken" in result.stdout and "[bad] === stage bad: 0 s, exit 3" in result.stdout
     assert "lanes failed: bad" in result.stderr
+
+
+def test_a_failed_run_ends_naming_the_failed_tests_tasks_and_stages():
+    noise = "; ".join(f"echo line{i}" for i in range(50))
+    result = lanes(
+        "ok",
+        "echo 'FAILED in a passing lane is not a failure'",
+        "bad",
+        "echo '  \x1b[2m│\x1b[0m FAILED - RETRYING: [node0]: Wait for the job (3 retries left)';"
+        f" echo '  \x1b[2m│\x1b[0m \x1b[31mFAILED\x1b[0m tests/test_x.py::test_y - AssertionError: 1 != 2'; {noise};"
+        ' echo \'fatal: [node0]: FAILED! => {"msg": "boom"}\'; exit 3',
+    )
+    summary = result.stderr.split("what failed:", 1)[1].splitlines()
+    assert summary[1:] == [
+        "[bad]   │ FAILED tests/test_x.py::test_y - AssertionError: 1 != 2",
+        '[bad] fatal: [node0]: FAILED! => {"msg": "boom"}',
+        "[bad] === stage bad: 0 s, exit 3",
+    ]

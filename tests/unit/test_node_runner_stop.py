@@ -160,3 +160,20 @@ def test_a_stop_after_the_job_exited_signals_no_recorded_group(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_stacks_taken_before_the_stop_end_the_log_once_however_often_it_is_stopped(tmp_path):
+    # A docker run's ranks are out of py-spy's reach from the node: that is what its stacks say, which keeps this
+    # test from depending on py-spy; test_hang.py takes real stacks through the whole launch.
+    node_dir, shared = tmp_path / "node", tmp_path / "shared"
+    with launcher(node_dir, shared, ["sleep", "300"]) as process:
+        launched_pgid(node_dir)
+        taken = run_runner("stacks", "--node-dir", str(node_dir), "--container", "ddp-r1")
+        assert (taken.returncode, json.loads(taken.stdout)) == (0, {"taken": False})
+        assert process.poll() is None, "taking the stacks stopped the job"
+        for _ in range(2):
+            assert run_runner("stop", "--node-dir", str(node_dir), "--grace", "5").returncode == 0
+        process.wait(timeout=20)
+    log = (node_dir / "node.log").read_text()
+    assert log.count("its ranks' stacks when it was stopped:\n(no stacks: the ranks run in container ddp-r1)") == 1
+    assert log.rstrip().endswith("(no stacks: the ranks run in container ddp-r1)")

@@ -43,11 +43,15 @@
     ddp_node.py read-log --node-dir D [--offset N]
         Prints {"offset": END, "text": ..., "ended": BOOL}: this node's log from byte N on, and whether its part
         of the job has ended (for `make logs`, following).
-    ddp_node.py stop --node-dir D [--grace S] [--container NAME] [--dump-stacks]
+    ddp_node.py stacks --node-dir D [--container NAME]
+        Takes the Python stacks of this node's ranks (py-spy) into D/stacks, for the stop that follows to write at
+        the log's end. For a hung run, every node's stacks are taken before any node's part is stopped: a rank
+        stopped on one node would wake its peers elsewhere from the very wait their stacks are to show.
+    ddp_node.py stop --node-dir D [--grace S] [--container NAME]
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
         anything of the run is left. The node's status then records that the play, not a fault, ended it.
-        --dump-stacks first takes the ranks' Python stacks (py-spy), written to the log's end after the stop.
+        Stacks that `stacks` took end the log, once.
     ddp_node.py collect --out TAR --node NAME --log LOG
                         [--since FILE --work-dir W --checkpoints C --metrics M [--all-checkpoints]
                          [--glob G ...] [--max-bytes N]] [--as-user USER]
@@ -55,7 +59,8 @@
         master (--since), what the run left on shared storage: checkpoints/ (the newest *.pt in C written after
         FILE was, or all of them), metrics/ (*.json, *.jsonl in M) and work/ (the files under W modified after
         FILE whose relative path matches a glob, newest first until N bytes). FILE and the files are stamped by
-        the same file server, so the nodes' clocks play no part. Prints what it packed and what it skipped.
+        the same file server, so the nodes' clocks play no part. Prints what it packed and what it skipped, and
+        the archive's sha256, which the fetch checks.
         With --as-user (root, for a job of USER's): a child that has become USER reads the job's files and
         writes them into TAR, which root opened in a directory of its own.
 
@@ -78,6 +83,7 @@ import contextlib
 import errno
 import fcntl
 import fnmatch
+import hashlib
 import json
 import os
 import platform
@@ -846,15 +852,6 @@ def stop(args: argparse.Namespace) -> int:
     # Once the job's exit is recorded its process group is gone, and its id may belong to someone else by now:
     # only processes that carry the job's tag are the job's.
     pgid = None if (args.node_dir / "exit").exists() else _read_int(args.node_dir / "pgid")
-    # Taken while the ranks still hang, written once they are stopped: the stacks end the log, where the failure
-    # shows its last lines.
-    stacks = None
-    if args.dump_stacks:
-        stacks = (
-            f"(no stacks: the ranks run in container {args.container})"
-            if args.container
-            else dump_stacks(args.node_dir)
-        )
     (args.node_dir / "stopping").touch()
     if args.container:
         subprocess.run(["docker", "rm", "-f", args.container], capture_output=True, check=False)
@@ -873,10 +870,23 @@ def stop(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         stopped = True
     left = _job_alive(args.node_dir, pgid)
-    if stacks:
-        _note_in_log(args.node_dir, "the run made no progress; its ranks' stacks when it was stopped:\n" + stacks)
+    # Written once the ranks are stopped, so that the stacks end the log, where the failure shows its last lines;
+    # once, however often the run is stopped.
+    stacks = args.node_dir / "stacks"
+    with contextlib.suppress(FileNotFoundError):
+        text = stacks.read_text()
+        stacks.rename(args.node_dir / "stacks.noted")
+        _note_in_log(args.node_dir, "the run made no progress; its ranks' stacks when it was stopped:\n" + text)
     print(json.dumps({"stopped": stopped, "left_running": left}))
     return 1 if left else 0
+
+
+def take_stacks(args: argparse.Namespace) -> int:
+    """stacks: the ranks' stacks while they still hang, kept in the node directory for stop."""
+    text = f"(no stacks: the ranks run in container {args.container})" if args.container else dump_stacks(args.node_dir)
+    (args.node_dir / "stacks").write_text(text)
+    print(json.dumps({"taken": not text.startswith("(no stacks")}))
+    return 0
 
 
 def dump_stacks(node_dir: Path) -> str:
@@ -1036,6 +1046,9 @@ def collect(args: argparse.Namespace) -> int:
                 Path(part).unlink()
                 raise SystemExit(f"collect as {args.as_user} on {platform.node()} failed (see above)")
             report = json.loads(said)
+    # The fetch checks what arrives against this (a copy cut short, or swapped on the way, is not unpacked).
+    with Path(part).open("rb") as written:
+        report["sha256"] = hashlib.file_digest(written, "sha256").hexdigest()
     Path(part).replace(args.out)
     print(json.dumps(report))
     return 0
@@ -1173,7 +1186,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_slurm_parsers(sub)
     for option, options in (("--grace", {"type": float, "default": 15.0}), ("--container", {})):
         sub.choices["stop"].add_argument(option, **options)
-    sub.choices["stop"].add_argument("--dump-stacks", action="store_true", help="py-spy dump the job first")
+    stacker = sub.add_parser("stacks")
+    stacker.add_argument("--node-dir", type=Path, required=True)
+    stacker.add_argument("--container")
     sub.add_parser("busy").add_argument("--lock", type=Path, required=True)
     reader = sub.add_parser("read-log")
     reader.add_argument("--node-dir", type=Path, required=True)
@@ -1198,6 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
     actions = {
         "poll": poll,
         "stop": stop,
+        "stacks": take_stacks,
         "collect": collect,
         "unpack": unpack,
         "read-log": read_log,
