@@ -85,10 +85,12 @@ def test_detached_run_status_logs_stop_and_runs():
     assert "already ended (cancelled" in make("stop", f"RUN={run_id}").stdout
     assert run_record(run_id)["ended"] == ended
     assert (ARTIFACTS / run_id / "MANIFEST.sha256").stat().st_mtime_ns == manifest
-    # Following the log of a run that ended prints all of it, up to torchrun's stop, and returns.
+    # Following the log of a run that ended prints all of it, up to the stop, and returns.
     followed = make("logs", f"RUN={run_id}", "FOLLOW=1", timeout=60)
     assert "[localhost] step " in followed.stdout
-    assert followed.stdout.rstrip().endswith("got signal: 15"), followed.stdout[-1000:]
+    assert "[localhost] [rank 0] stopping: received SIGTERM; process group destroyed" in followed.stdout
+    said = "[localhost] ddp_node: stopped: SIGTERM, and the job left within its 15 s grace period"
+    assert followed.stdout.rstrip().endswith(said), followed.stdout[-1000:]
 
 
 def test_a_bad_config_key_is_refused_in_preflight_naming_it():

@@ -50,6 +50,8 @@ def test_what_outlives_the_grace_gets_sigterm_then_sigkill_in_and_out_of_the_gro
         process.wait(timeout=20)  # the leader is gone: the launcher recorded how
     final = json.loads((shared / "status-node0.json").read_text())
     assert (final["exit_code"], final["stopped"]) == (-9, True)
+    said = "ddp_node: stopped: SIGTERM, then SIGKILL to what was left after the 0.5 s grace period\n"
+    assert said in (node_dir / "node.log").read_text()
     assert ddp_node._job_processes(node_dir) == []
     assert not running(rank_sleep)
     assert not running(leader_sleep)
@@ -177,3 +179,29 @@ def test_stacks_taken_before_the_stop_end_the_log_once_however_often_it_is_stopp
     log = (node_dir / "node.log").read_text()
     assert log.count("its ranks' stacks when it was stopped:\n(no stacks: the ranks run in container ddp-r1)") == 1
     assert log.rstrip().endswith("(no stacks: the ranks run in container ddp-r1)")
+
+
+def test_once_every_rank_has_left_the_rest_of_the_group_is_not_waited_for(tmp_path):
+    # Like torchrun: on SIGTERM it passes the signal to its rank (in a session of its own, carrying RANK and the
+    # job's tag), and after the rank has saved and left it takes its time to exit (its interpreter tearing torch
+    # down). A rank that has not left is waited for: it saves before it goes.
+    node_dir, shared, ready = tmp_path / "node", tmp_path / "shared", tmp_path / "ready"
+    rank_saved, rank = tmp_path / "rank-saved", tmp_path / "rank.sh"
+    rank.write_text(f"trap 'kill $!; sleep 1; touch \"{rank_saved}\"; exit 0' TERM\nsleep 300 &\nwait\n")
+    leader = (
+        f"RANK=0 setsid sh '{rank}' & rank=$!; "
+        f"trap 'kill -TERM $rank; while kill -0 $rank 2>/dev/null; do sleep 0.05; done; sleep 30; exit 0' TERM; "
+        f"touch '{ready}'; sleep 300 & wait"
+    )
+    with launcher(node_dir, shared, ["sh", "-c", leader]) as process:
+        wait_for(lambda: ready.exists() and ddp_node._rank_processes(node_dir), "the job's rank")
+        launched_pgid(node_dir)
+        began = time.monotonic()
+        stop = run_runner("stop", "--node-dir", str(node_dir), "--grace", "60")
+        took_s = time.monotonic() - began
+        assert (stop.returncode, json.loads(stop.stdout)) == (0, {"stopped": True, "left_running": False})
+        assert rank_saved.exists(), "the rank was not waited for"
+        assert took_s < 20, f"stop waited {took_s:.1f} s for a group whose ranks had all left"
+        process.wait(timeout=20)
+    log = (node_dir / "node.log").read_text()
+    assert log.endswith("ddp_node: stopped: SIGTERM, and the job left within its 60 s grace period\n"), log

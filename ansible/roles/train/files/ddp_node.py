@@ -50,7 +50,8 @@
     ddp_node.py stop --node-dir D [--grace S] [--container NAME]
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
-        anything of the run is left. The node's status then records that the play, not a fault, ended it.
+        anything of the run is left. Once every rank has left, what is left of the group is killed at once:
+        torchrun's own exit, with nothing left to stop, is its interpreter tearing torch down. The node's status then records that the play, not a fault, ended it.
         Stacks that `stacks` took end the log, once.
     ddp_node.py collect --out TAR --node NAME --log LOG
                         [--since FILE --work-dir W --checkpoints C --metrics M [--all-checkpoints]
@@ -489,6 +490,11 @@ def _job_processes(node_dir: Path) -> list[int]:
     return pids
 
 
+def _rank_processes(node_dir: Path) -> list[int]:
+    """The job's processes that torchrun started as ranks (they carry RANK; torchrun itself does not)."""
+    return [pid for pid in _job_processes(node_dir) if "RANK" in _environment(pid)]
+
+
 def _job_alive(node_dir: Path, pgid: int | None) -> bool:
     return bool(pgid and _group_alive(pgid)) or bool(_job_processes(node_dir))
 
@@ -858,17 +864,30 @@ def stop(args: argparse.Namespace) -> int:
     stopped = False
     if _job_alive(args.node_dir, pgid):
         # torchrun first, so that it stops its ranks itself; whatever is left after the grace period is killed.
+        had_ranks = bool(_rank_processes(args.node_dir))
         if pgid:
             _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + args.grace
         while _job_alive(args.node_dir, pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # pragma: no mutate (a polling pace: slower or busy, the same outcome)
+            if had_ranks and not _rank_processes(args.node_dir):
+                # The ranks have saved and left: what remains is torchrun's own exit, its interpreter tearing torch
+                # down (half a second) with nothing left to stop or save.
+                _kill_job(args.node_dir, pgid, signal.SIGKILL)
+            time.sleep(0.02)  # pragma: no mutate (a polling pace: slower or busy, the same outcome)
+        how = (
+            f"container {args.container} removed"
+            if args.container
+            else f"SIGTERM, and the job left within its {args.grace:g} s grace period"
+        )
         if _job_alive(args.node_dir, pgid):
             _kill_job(args.node_dir, pgid, signal.SIGTERM)
             time.sleep(1)
             _kill_job(args.node_dir, pgid, signal.SIGKILL)
             time.sleep(0.5)
+            how = f"SIGTERM, then SIGKILL to what was left after the {args.grace:g} s grace period"
         stopped = True
+        # The log's last lines say who ended the run: torchrun, ended once its ranks have left, says nothing.
+        _note_in_log(args.node_dir, f"stopped: {how}")
     left = _job_alive(args.node_dir, pgid)
     # Written once the ranks are stopped, so that the stacks end the log, where the failure shows its last lines;
     # once, however often the run is stopped.
