@@ -51,8 +51,9 @@
         Stops this node's process group (SIGTERM, then SIGKILL after the grace period), every process that
         inherited the job's tag (ranks run in sessions of their own) and the container, and reports whether
         anything of the run is left. Once every rank has left, what is left of the group is killed at once:
-        torchrun's own exit, with nothing left to stop, is its interpreter tearing torch down. The node's status then records that the play, not a fault, ended it.
-        Stacks that `stacks` took end the log, once.
+        torchrun's own exit, with nothing left to stop, is its interpreter tearing torch down. The node's status
+        then records that the play, not a fault, ended it, and its log says how it was stopped; stacks that
+        `stacks` took end the log, once.
     ddp_node.py collect --out TAR --node NAME --log LOG
                         [--since FILE --work-dir W --checkpoints C --metrics M [--all-checkpoints]
                          [--glob G ...] [--max-bytes N]] [--as-user USER]
