@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import report
 from .contract import RUN_RECORD_VERSION
 
 # The run's records, rewritten as its status changes or on request: not among its results (top level only).
@@ -161,9 +162,7 @@ def finish(run_dir: Path, outcome: dict[str, Any]) -> list[str]:
             "samples_per_s": summary.get("mean_samples_per_s"),
         },
     )
-    from . import report  # matplotlib: only once there is a report to draw
-
-    report.write(run_dir)
+    report.write_now_and_draw_later(run_dir)
     return summary_lines(run_dir, ended)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import ansible_runner
 
 from . import artifacts
+from . import report as run_report
 from .contract import LOG_REPORT, POLL_REPORT, RUN_RECORD_VERSION, attempt_of, task_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -385,9 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         return stop(run, args.extra_vars)
     if args.action == "report":
         other = ["--compare", str(find_run(args.compare, args.artifacts).directory)] if args.compare else []
-        from . import report  # matplotlib is slow to import, and only the report draws
-
-        return report.main([str(run.directory), *other])
+        return run_report.main([str(run.directory), *other])
     return logs(run, args.node, args.follow)
 
 

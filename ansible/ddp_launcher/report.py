@@ -6,7 +6,11 @@
 Plots what the run collected: loss and eval curves, samples/s, step and communication time, the share of each
 step spent communicating, and how long each checkpoint stalled training; then the run's status, settings and
 versions from run.json. With --compare, another run's curves are drawn over this one's. `make report RUN=a
-[COMPARE=b]` runs it; the train role runs it after every run.
+[COMPARE=b]` runs it.
+
+At a run's end (ddp_launcher.artifacts.finish) the page is written at once with its tables and a note that the
+plots are coming, and a process of its own draws the plots and replaces the page whole (matplotlib's import and
+drawing take most of a second, which `make train` and `make stop` no longer wait for).
 """
 
 from __future__ import annotations
@@ -16,15 +20,22 @@ import base64
 import html
 import io
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from .contract import attempt_of
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+# The page's note while its plots are still being drawn (tests and scripts wait for it to go).
+PLOTS_PENDING = '<p id="plots-pending">'
 
 
 @dataclass
@@ -115,6 +126,8 @@ def _noisy(axes: Axes, x: list[float], y: list[float], label: str) -> None:
 def _figure() -> tuple[Figure, Axes]:
     """A figure of its own, drawn to memory by Agg: no pyplot, whose state and GUI backends a report never needs
     (and whose import costs a fifth of a second of every run's end)."""
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(7, 3.2))
     # Fixed margins that hold a title, tick labels and an axis label: a layout engine would draw every figure
     # twice to find them.
@@ -230,9 +243,10 @@ def _section(rows: dict[str, Any] | None, absent: str) -> str:
     return _table({k: "\n".join(v) if isinstance(v, list) else v for k, v in rows.items()})
 
 
-def render(run: RunData, compare: RunData | None = None) -> str:
+def render(run: RunData, compare: RunData | None = None, plots_instead: str | None = None) -> str:
+    """The page; with plots_instead, that note (HTML) where the plots go, and matplotlib is not touched."""
     runs = [run] + ([compare] if compare else [])
-    images = plots(runs)
+    images = plots(runs) if plots_instead is None else {}
     figures = "".join(
         f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></figure>'
         for title, png in images.items()
@@ -257,7 +271,11 @@ def render(run: RunData, compare: RunData | None = None) -> str:
         "attempt": attempt_of(record),
     }
     title = f"Run {run.name}" + (f" compared with {compare.name}" if compare else "")
-    no_plots = "" if images else "<p>The program wrote no metrics (metrics.jsonl) to DDP_OUTPUT_DIR.</p>"
+    no_plots = (
+        plots_instead
+        if plots_instead is not None
+        else ("" if images else "<p>The program wrote no metrics (metrics.jsonl) to DDP_OUTPUT_DIR.</p>")
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}th{{text-align:left;padding-right:1em}}
@@ -289,10 +307,48 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
-def write(run_dir: Path, compare: Path | None = None) -> Path:
-    """run_dir/report.html, drawn from the run's files (and another run's, drawn over it)."""
+def write(run_dir: Path, compare: Path | None = None, with_plots: bool = True) -> Path:
+    """run_dir/report.html, drawn from the run's files (and another run's, drawn over it), replaced whole. Drawn
+    again while run.json changes under it (a retry's launcher adds the attempts to every attempt's record)."""
+    while True:
+        source = _stamp(run_dir / "run.json")
+        data, other = load(run_dir), load(compare) if compare else None
+        if not with_plots:
+            page = render(data, other, PLOTS_PENDING + "The plots are being drawn: reload in a moment.</p>")
+        else:
+            try:
+                page = render(data, other)
+            except Exception as error:  # the tables are worth having without the plots
+                page = render(data, other, f"<p>The plots could not be drawn ({html.escape(repr(error))}).</p>")
+        if _stamp(run_dir / "run.json") == source:
+            break
+    handle, part = tempfile.mkstemp(dir=run_dir, prefix=".report-")  # pragma: no mutate (any name)
+    with os.fdopen(handle, "w") as file:
+        file.write(page)
     out = run_dir / "report.html"
-    out.write_text(render(load(run_dir), load(compare) if compare else None))
+    Path(part).replace(out)
+    return out
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def write_now_and_draw_later(run_dir: Path) -> Path:
+    """report.html now with its tables; its plots by a process of its own, which replaces the page once drawn."""
+    out = write(run_dir, with_plots=False)
+    subprocess.Popen(
+        [sys.executable, "-m", f"{__package__}.report", str(run_dir)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # neither make's Ctrl-C nor the play's end cuts it short
+    )
     return out
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import artifacts as run_files
 from . import control, detached
+from . import report as run_report
 from .artifacts import summary_lines
 from .contract import BUSY_REPORT, ENV_REPORT, POLL_REPORT, STAGE_REPORT, task_report
 
@@ -404,11 +405,9 @@ def record_attempts(attempts: list[str], artifacts: Path) -> None:
     for run_id in attempts:
         record = json.loads((artifacts / run_id / "run.json").read_text())
         ended.append({key: record.get(key) for key in ("run_id", "status", "failed_node", "reason", "exit_code")})
-    from . import report  # matplotlib: only when there are attempts to show
-
     for run_id in attempts:
         run_files.record(artifacts / run_id, {"attempts": ended})
-        report.write(artifacts / run_id)
+        run_report.write(artifacts / run_id)
 
 
 def print_summary(run_id: str | None, artifacts: Path) -> None:

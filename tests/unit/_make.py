@@ -3,6 +3,7 @@
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,18 @@ def node_log(run_id: str, node: str = "localhost") -> str:
 
 
 def processes_of(run_id: str) -> str:
-    """Command lines of any process still running for the run (torchrun names it in --rdzv-id)."""
+    """Command lines of any process of the run's job still running (torchrun names it in --rdzv-id); not the
+    controller's drawing of the run's report, which ends once its plots are in (finished_report)."""
     found = subprocess.run(["pgrep", "-af", run_id], capture_output=True, text=True, check=False).stdout
-    return "\n".join(line for line in found.splitlines() if "pgrep" not in line)
+    return "\n".join(line for line in found.splitlines() if not ("pgrep" in line or "-m ddp_launcher.report" in line))
+
+
+def finished_report(run_dir: Path, timeout_s: float = 60) -> str:
+    """A run's report.html once its plots are in: a run's end writes the tables first and draws the plots after."""
+    from ddp_launcher.report import PLOTS_PENDING
+
+    deadline = time.monotonic() + timeout_s
+    while PLOTS_PENDING in (page := (run_dir / "report.html").read_text()):
+        assert time.monotonic() < deadline, f"{run_dir}/report.html still waits for its plots after {timeout_s} s"
+        time.sleep(0.1)
+    return page

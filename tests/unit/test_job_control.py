@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _make import ARTIFACTS, ROOT, make, make_train, node_log, processes_of, run_record
+from _make import ARTIFACTS, ROOT, finished_report, make, make_train, node_log, processes_of, run_record
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def test_ctrl_c_stops_the_run_everywhere_collects_it_and_marks_it_cancelled():
     assert f"{run_id:<36} local-smoke      cancelled" in make("runs").stdout
     assert "stopped run" in output and "everywhere in" in output
     assert (ARTIFACTS / run_id / "logs" / "localhost" / "node.log").is_file()
-    assert "<h2>Plots</h2><figure>" in (ARTIFACTS / run_id / "report.html").read_text()
+    assert "<h2>Plots</h2><figure>" in finished_report(ARTIFACTS / run_id)
     manifest = ["sha256sum", "-c", "MANIFEST.sha256"]
     check = subprocess.run(manifest, cwd=ARTIFACTS / run_id, capture_output=True, check=False)
     assert check.returncode == 0, check.stdout

@@ -2,6 +2,7 @@
 and its smaller commands: collect, and the command line. Launch, poll and stop in detail:
 test_node_runner_launch.py, test_node_runner_poll.py, test_node_runner_stop.py."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -235,6 +236,7 @@ def test_collect_takes_only_what_the_run_wrote_newest_first_within_the_cap(tmp_p
         "files": ["sub/log.txt", "snapshot.pt"],
         "bytes": 20,
         "skipped": ["big.bin"],
+        "sha256": hashlib.sha256((tmp_path / "collected.tar").read_bytes()).hexdigest(),  # what the fetch checks
     }
     expected = ["checkpoints/ckpt-30.pt", "metrics/metrics.jsonl", "work/snapshot.pt", "work/sub/log.txt"]
     assert packed(tmp_path) == expected

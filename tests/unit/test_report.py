@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _make import finished_report
 from ddp_launcher import report
 from PIL import Image
 
@@ -67,6 +68,44 @@ def test_compare_draws_the_other_run_too_and_a_run_without_metrics_says_so(tmp_p
     bare.mkdir()
     report.main([str(bare)])
     assert "wrote no metrics" in (bare / "report.html").read_text()
+
+
+def test_a_run_s_end_writes_the_tables_at_once_and_the_plots_after(tmp_path):
+    run = fake_run(tmp_path / "run-a")
+    report.write(run, with_plots=False)
+    page = (run / "report.html").read_text()
+    assert report.PLOTS_PENDING in page and not images(page) and "fp16_compress_hook" in page
+    report.write_now_and_draw_later(run)
+    assert set(images(finished_report(run))) == PLOTS
+    assert [path.name for path in run.iterdir() if path.name.startswith(".report-")] == []
+
+
+def test_a_page_whose_plots_fail_keeps_its_tables_and_says_why(tmp_path, monkeypatch):
+    def broken(_runs: list) -> dict:
+        raise RuntimeError("no fonts")
+
+    run = fake_run(tmp_path / "run-a")
+    monkeypatch.setattr(report, "plots", broken)
+    page = report.write(run).read_text()
+    assert "The plots could not be drawn (RuntimeError(&#x27;no fonts&#x27;))." in page
+    assert "fp16_compress_hook" in page and report.PLOTS_PENDING not in page
+
+
+def test_a_record_that_changes_while_the_page_is_drawn_is_drawn_again(tmp_path, monkeypatch):
+    # A retry's launcher adds the attempts to every attempt's run.json while a drawing may be under way.
+    run = fake_run(tmp_path / "run-a")
+    original = report.load
+
+    def load_while_the_record_changes(run_dir: Path) -> report.RunData:
+        data = original(run_dir)
+        if "attempts" not in data.record:
+            attempts = [{"run_id": "fake-try1", "status": "failed"}, {"run_id": "fake-try2", "status": "succeeded"}]
+            (run_dir / "run.json").write_text(json.dumps(data.record | {"attempts": attempts}))
+        return data
+
+    monkeypatch.setattr(report, "load", load_while_the_record_changes)
+    page = report.write(run, with_plots=False).read_text()
+    assert "<th>2. fake-try2</th><td>succeeded</td>" in page
 
 
 def test_smoothing_is_tensorboards_debiased_moving_average():
