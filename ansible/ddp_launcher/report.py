@@ -323,6 +323,9 @@ def write(run_dir: Path, compare: Path | None = None, with_plots: bool = True) -
         if _stamp(run_dir / "run.json") == source:
             break
     handle, part = tempfile.mkstemp(dir=run_dir, prefix=".report-")  # pragma: no mutate (any name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(handle, 0o666 & ~umask)  # the modes of a file written plainly (mkstemp's are 0600)
     with os.fdopen(handle, "w") as file:
         file.write(page)
     out = run_dir / "report.html"

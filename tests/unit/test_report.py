@@ -2,6 +2,7 @@
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -77,6 +78,9 @@ def test_a_run_s_end_writes_the_tables_at_once_and_the_plots_after(tmp_path):
     assert report.PLOTS_PENDING in page and not images(page) and "fp16_compress_hook" in page
     report.write_now_and_draw_later(run)
     assert set(images(finished_report(run))) == PLOTS
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (run / "report.html").stat().st_mode & 0o777 == 0o666 & ~umask  # as a plainly written file's
     assert [path.name for path in run.iterdir() if path.name.startswith(".report-")] == []
 
 
