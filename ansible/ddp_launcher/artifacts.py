@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import report
 from .contract import RUN_RECORD_VERSION
 
 # The run's records, rewritten as its status changes or on request: not among its results (top level only).
@@ -38,7 +37,8 @@ COLLECTED_DIRS = frozenset({"checkpoints", "metrics", "work"})
 COLLECTED_MAX_BYTES = 1 << 40
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """path replaced whole by text, 0644: a reader sees the old file or the new one, never a part."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as out:
         out.write(text)
     written = Path(out.name)
@@ -51,12 +51,12 @@ def record(run_dir: Path, fields: dict[str, Any], code: dict[str, Any] | None = 
     shipped code's record, written to code.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if code:
-        _write_atomic(run_dir / "code.json", json.dumps(code, indent=4) + "\n")
+        write_atomic(run_dir / "code.json", json.dumps(code, indent=4) + "\n")
     path = run_dir / "run.json"
     merged = json.loads(path.read_text()) if path.is_file() else {}
     merged.update(fields)
     merged["version"] = RUN_RECORD_VERSION
-    _write_atomic(path, json.dumps(merged, indent=4) + "\n")
+    write_atomic(path, json.dumps(merged, indent=4) + "\n")
     return merged
 
 
@@ -109,7 +109,7 @@ def write_manifest(run_dir: Path) -> list[str]:
         if path.is_file() and not path.is_symlink() and not (path.parent == run_dir and path.name in RECORDS)
     )
     lines = [f"{_sha256(run_dir / name)}  {name}\n" for name in collected]
-    _write_atomic(run_dir / "MANIFEST.sha256", "".join(lines))
+    write_atomic(run_dir / "MANIFEST.sha256", "".join(lines))
     return collected
 
 
@@ -162,6 +162,8 @@ def finish(run_dir: Path, outcome: dict[str, Any]) -> list[str]:
             "samples_per_s": summary.get("mean_samples_per_s"),
         },
     )
+    from . import report  # it writes with write_atomic, from this module
+
     report.write_now_and_draw_later(run_dir)
     return summary_lines(run_dir, ended)
 

@@ -23,11 +23,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .artifacts import write_atomic
 from .contract import attempt_of
 
 if TYPE_CHECKING:
@@ -322,14 +322,8 @@ def write(run_dir: Path, compare: Path | None = None, with_plots: bool = True) -
                 page = render(data, other, f"<p>The plots could not be drawn ({html.escape(repr(error))}).</p>")
         if _stamp(run_dir / "run.json") == source:
             break
-    handle, part = tempfile.mkstemp(dir=run_dir, prefix=".report-")  # pragma: no mutate (any name)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(handle, 0o666 & ~umask)  # the modes of a file written plainly (mkstemp's are 0600)
-    with os.fdopen(handle, "w") as file:
-        file.write(page)
     out = run_dir / "report.html"
-    Path(part).replace(out)
+    write_atomic(out, page)
     return out
 
 
