@@ -24,12 +24,13 @@ def test_the_file_arrives_whole_and_the_node_keeps_its_copy_unless_asked(tmp_pat
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     dest = tmp_path / "artifacts" / "run" / "collected.tar"
     inventory = write_inventory(tmp_path / "inventory", {"node0": LOCAL_HOST}, {"training": ["node0"]})
-    for remove in (False, True):
+    # "no" as a templated variable may arrive: a string, which is no request to remove.
+    for remove, removed in ((False, False), ("no", False), (True, True)):
         task = {"ddp_fetch": {"src": str(src), "dest": str(dest), "sha256": digest, "remove": remove}}
         run = playbook(fetch_play(tmp_path / f"play-{remove}", task), inventory)
         assert run.rc == 0, run.output
         assert dest.read_bytes() == b"archive" * 1000
-        assert src.exists() != remove
+        assert src.exists() != removed
     assert sorted(path.name for path in dest.parent.iterdir()) == ["collected.tar"]  # no part file left
 
 

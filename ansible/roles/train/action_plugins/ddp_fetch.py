@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 ARGUMENTS = {"src", "dest", "sha256", "remove"}
@@ -45,7 +46,7 @@ class ActionModule(ActionBase):
             part.replace(dest)
         finally:
             part.unlink(missing_ok=True)
-        if self._task.args.get("remove"):
+        if boolean(args.get("remove", False)):
             removed = self._low_level_execute_command(f"rm -f -- {shlex.quote(src)}", sudoable=False)
             if removed["rc"] != 0:
                 raise AnsibleActionFail(f"could not remove {src} on the node: {removed['stderr'].strip()}")
